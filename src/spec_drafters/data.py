@@ -1,0 +1,152 @@
+"""Training and validation text: JSONL records tokenized by the target's tokenizer.
+
+A record is ``{"prompt": ..., "response": ...}`` (only the response is supervised) or ``{"text": ...}``
+(all of it is supervised). With one file, each record's ``"split"`` field ("train" or "val") decides
+where it goes; with ``val_path`` set, the two files are the two splits. Files may be gzipped.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+from torch.utils.data import DataLoader
+
+
+def read_jsonl(path: str | Path) -> list[tuple[int, dict]]:
+    """(line number, record) pairs; a malformed line is an error that names the file and line."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"--data.path: no file {path} (run from the repository root, or give an absolute path)"
+        )
+    opener = gzip.open if path.suffix == ".gz" else open
+    records = []
+    with opener(path, "rt", encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+            if not isinstance(rec, dict) or not (
+                {"text"} <= rec.keys() or {"prompt", "response"} <= rec.keys()
+            ):
+                raise ValueError(f"{path}:{lineno}: a record needs 'text' or both 'prompt' and 'response'")
+            records.append((lineno, rec))
+    return records
+
+
+@dataclass
+class Example:
+    input_ids: list[int]
+    loss_mask: list[int]
+
+
+def tokenize(rec: dict, tokenizer, max_length: int) -> Example | None:
+    """Prompt tokens (unsupervised) + response tokens (supervised), truncated; None if nothing to learn."""
+    if "text" in rec:
+        prompt, response = [], tokenizer.encode(rec["text"])
+    else:
+        prompt, response = tokenizer.encode(rec["prompt"]), tokenizer.encode(rec["response"])
+    ids = (prompt + response)[:max_length]
+    mask = ([0] * len(prompt) + [1] * len(response))[:max_length]
+    if sum(mask) < 2:  # an anchor needs itself and one label
+        return None
+    return Example(ids, mask)
+
+
+def collate(batch: list[Example]) -> dict[str, torch.Tensor]:
+    width = max(len(e.input_ids) for e in batch)
+    ids = torch.zeros((len(batch), width), dtype=torch.long)
+    attn = torch.zeros((len(batch), width), dtype=torch.long)
+    loss = torch.zeros((len(batch), width), dtype=torch.long)
+    for i, e in enumerate(batch):
+        n = len(e.input_ids)
+        ids[i, :n] = torch.tensor(e.input_ids)
+        attn[i, :n] = 1
+        loss[i, :n] = torch.tensor(e.loss_mask)
+    return {"input_ids": ids, "attention_mask": attn, "loss_mask": loss}
+
+
+class TextDataModule(pl.LightningDataModule):
+    """Tokenizes with the model's target tokenizer (read from the LightningModule at ``setup``).
+
+    Args:
+        path: JSONL(.gz) file; default is the shipped stdlib corpus answered by the embedded target.
+        val_path: a separate validation file; if unset, records are split by their "split" field.
+        max_length: tokens per sequence (prompt + response), longer ones are truncated.
+        batch_size: sequences per training step.
+        val_batch_size: sequences per validation step (default: batch_size).
+        max_train_records: use only the first this many training records.
+        max_val_records: use only the first this many validation records.
+    """
+
+    def __init__(
+        self,
+        path: str = "data/stdlib_smollm2.jsonl.gz",
+        val_path: str | None = None,
+        max_length: int = 512,
+        batch_size: int = 4,
+        val_batch_size: int | None = None,
+        max_train_records: int | None = None,
+        max_val_records: int | None = None,
+    ):
+        super().__init__()
+        if max_length < 4:
+            raise ValueError(f"--data.max_length must be >= 4, got {max_length}")
+        if batch_size < 1:
+            raise ValueError(f"--data.batch_size must be >= 1, got {batch_size}")
+        self.path, self.val_path, self.max_length = path, val_path, max_length
+        self.batch_size, self.val_batch_size = batch_size, val_batch_size or batch_size
+        self.max_train_records, self.max_val_records = max_train_records, max_val_records
+        self.train: list[Example] = []
+        self.val: list[Example] = []
+
+    def _split(self) -> tuple[list[tuple[int, dict]], list[tuple[int, dict]]]:
+        if self.val_path:
+            return read_jsonl(self.path), read_jsonl(self.val_path)
+        records = read_jsonl(self.path)
+        for lineno, rec in records:
+            if rec.get("split") not in ("train", "val"):
+                raise ValueError(
+                    f"{self.path}:{lineno}: 'split' must be 'train' or 'val' when --data.val_path is unset"
+                )
+        return [r for r in records if r[1]["split"] == "train"], [
+            r for r in records if r[1]["split"] == "val"
+        ]
+
+    def _tokenize(self, records, limit, name, tokenizer) -> list[Example]:
+        examples, skipped = [], 0
+        for _lineno, rec in records[:limit]:
+            ex = tokenize(rec, tokenizer, self.max_length)
+            if ex is None:
+                skipped += 1
+            else:
+                examples.append(ex)
+        rank_zero_info(
+            f"{name}: {len(examples)} sequences, {skipped} skipped (fewer than 2 supervised tokens)"
+        )
+        if not examples:
+            raise ValueError(f"{name}: no usable sequences in {self.path}")
+        return examples
+
+    def setup(self, stage: str) -> None:
+        if self.train or self.val:
+            return
+        tokenizer = self.trainer.lightning_module.tokenizer
+        train, val = self._split()
+        self.train = self._tokenize(train, self.max_train_records, "train", tokenizer)
+        self.val = self._tokenize(val, self.max_val_records, "val", tokenizer)
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.train, batch_size=self.batch_size, shuffle=True, collate_fn=collate)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.val, batch_size=self.val_batch_size, shuffle=False, collate_fn=collate)

@@ -1,0 +1,256 @@
+"""The DFlash drafter, top to bottom in one file (arXiv:2602.06036; reference code z-lab/dflash).
+
+A stack of Qwen3-style pre-norm decoder layers that proposes K-1 tokens in one forward pass, given the
+anchor token, K-1 mask tokens and features of the frozen target:
+
+    taps (b, S, n*H) --fc--> hidden_norm --> ctx (b, S, H)          the same ctx for every layer
+    block ids [anchor, MASK x (K-1)] --target embed_tokens--> x (b, Q, H)
+    every layer: queries from x only; keys/values = [k_proj(ctx) | k_proj(x)]   ("KV injection")
+    final norm --> target lm_head (outside this module) --> logits for slots 1..K-1
+
+Target features never enter the residual stream; they are only keys and values. The embedding and the
+head are the target's, frozen, so this module owns neither (its weights match z-lab's layout:
+``layers.{i}.*``, ``fc.weight``, ``hidden_norm.weight``, ``norm.weight``).
+
+Notation: b batch, S context positions, N anchors, K block size, Q = N*K block tokens, H hidden size,
+n tapped layers in fc, h / hk query / key-value heads, d head dim.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from spec_drafters.attention import get_attention
+
+
+@dataclass
+class DrafterConfig:
+    """Shape of a DFlash drafter. Fields left ``None`` are taken from the target."""
+
+    num_layers: int = 1
+    """Drafter decoder layers (the released Qwen3-8B drafter has 5)."""
+    block_size: int = 16
+    """K: tokens per block, the anchor plus K-1 drafted slots."""
+    num_heads: int | None = None
+    """Query heads; default: the target's."""
+    num_kv_heads: int | None = None
+    """Key/value heads; default: the target's."""
+    head_dim: int | None = None
+    """Per-head width; default: the target's."""
+    intermediate_size: int | None = None
+    """SwiGLU width; default: the target's."""
+    rms_norm_eps: float = 1e-6
+    rope_theta: float | None = None
+    """RoPE base; default: the target's."""
+    attention: str = "sdpa"
+    """Attention kernel by registry name (``spec-drafters registry`` lists them)."""
+    init_std: float = 0.02
+    # Filled from the target and the injection choice; not user settings.
+    hidden_size: int | None = None
+    num_fc_inputs: int | None = None
+    mask_token_id: int | None = None
+
+    def resolved(self, target_config, num_fc_inputs: int, mask_token_id: int) -> DrafterConfig:
+        """A copy with every ``None`` filled from the target's HF config, then validated."""
+        t = target_config
+        rope = getattr(t, "rope_theta", None) or (getattr(t, "rope_parameters", None) or {}).get("rope_theta")
+        cfg = replace(
+            self,
+            hidden_size=t.hidden_size,
+            num_fc_inputs=num_fc_inputs,
+            mask_token_id=mask_token_id,
+            num_heads=self.num_heads or t.num_attention_heads,
+            num_kv_heads=self.num_kv_heads or t.num_key_value_heads,
+            head_dim=self.head_dim or getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads,
+            intermediate_size=self.intermediate_size or t.intermediate_size,
+            rope_theta=self.rope_theta or rope or 10_000.0,
+        )
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        flag = "--model.drafter"
+        missing = [k for k, v in self.__dict__.items() if v is None]
+        if missing:
+            raise ValueError(f"{flag}: unresolved fields {missing} (call resolved() with the target)")
+        if self.block_size < 2:
+            raise ValueError(
+                f"{flag}.block_size must be >= 2 (an anchor and one drafted slot), got {self.block_size}"
+            )
+        if self.num_layers < 1:
+            raise ValueError(f"{flag}.num_layers must be >= 1, got {self.num_layers}")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"{flag}.num_heads ({self.num_heads}) must be a multiple of "
+                f"num_kv_heads ({self.num_kv_heads})"
+            )
+        if self.head_dim % 2:
+            raise ValueError(f"{flag}.head_dim must be even for RoPE, got {self.head_dim}")
+        get_attention(self.attention)  # raises with the valid names
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.to(torch.promote_types(dtype, torch.float32))  # at least fp32 for the statistics
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rope_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
+    """cos/sin for absolute positions (b, T) -> two (b, 1, T, d) tensors (HF's half-rotation layout)."""
+    wide = torch.promote_types(dtype, torch.float32)
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=wide) / head_dim)
+    freqs = positions.to(wide)[..., None] * inv_freq  # (b, T, d/2)
+    emb = torch.cat([freqs, freqs], dim=-1)[:, None]  # (b, 1, T, d)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat([-x2, x1], dim=-1) * sin  # (b, h, T, d)
+
+
+class Attention(nn.Module):
+    """Qwen3 attention (per-head q/k RMSNorm before RoPE) whose keys/values also cover the context."""
+
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.h, self.hk, self.d = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.hidden_size, self.h * self.d, bias=False)
+        self.k_proj = nn.Linear(cfg.hidden_size, self.hk * self.d, bias=False)
+        self.v_proj = nn.Linear(cfg.hidden_size, self.hk * self.d, bias=False)
+        self.o_proj = nn.Linear(self.h * self.d, cfg.hidden_size, bias=False)
+        self.q_norm = RMSNorm(self.d, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(self.d, cfg.rms_norm_eps)
+        self.kernel = get_attention(cfg.attention)
+        self.scale = self.d**-0.5
+
+    def project_kv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """Keys and values of x (b, T, H), RoPE'd at their positions -> two (b, hk, T, d)."""
+        b, t, _ = x.shape
+        k = self.k_norm(self.k_proj(x).view(b, t, self.hk, self.d)).transpose(1, 2)  # (b, hk, T, d)
+        v = self.v_proj(x).view(b, t, self.hk, self.d).transpose(1, 2)  # (b, hk, T, d)
+        return apply_rope(k, cos, sin), v
+
+    def forward(self, x, cos, sin, ctx_k, ctx_v, mask):
+        b, q_len, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(b, q_len, self.h, self.d)).transpose(1, 2)  # (b, h, Q, d)
+        q = apply_rope(q, cos, sin)
+        k_blk, v_blk = self.project_kv(x, cos, sin)  # (b, hk, Q, d)
+        k = torch.cat([ctx_k, k_blk], dim=2)  # (b, hk, S + Q, d)
+        v = torch.cat([ctx_v, v_blk], dim=2)  # (b, hk, S + Q, d)
+        out = self.kernel(q, k, v, mask, self.scale)  # (b, h, Q, d)
+        return self.o_proj(out.transpose(1, 2).reshape(b, q_len, self.h * self.d))  # (b, Q, H)
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def context_kv(self, ctx: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        # The context goes through this layer's own k/v projections and k-norm, but not through
+        # input_layernorm: ctx is already RMS-normalised by hidden_norm (as in z-lab's model).
+        return self.self_attn.project_kv(ctx, cos, sin)
+
+    def forward(self, x, cos, sin, ctx_k, ctx_v, mask):
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, ctx_k, ctx_v, mask)  # (b, Q, H)
+        return x + self.mlp(self.post_attention_layernorm(x))  # (b, Q, H)
+
+
+class DFlashDrafter(nn.Module):
+    def __init__(self, cfg: DrafterConfig):
+        super().__init__()
+        cfg.validate()
+        self.config = cfg
+        self.fc = nn.Linear(cfg.num_fc_inputs * cfg.hidden_size, cfg.hidden_size, bias=False)
+        self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for m in self.modules():
+            if isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, std=self.config.init_std)
+            elif isinstance(m, RMSNorm):
+                nn.init.ones_(m.weight)
+
+    def _rope(self, positions: torch.Tensor, dtype: torch.dtype):
+        return rope_cos_sin(positions, self.config.head_dim, self.config.rope_theta, dtype)
+
+    def encode_context(
+        self, taps: torch.Tensor, positions: torch.Tensor
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per-layer context keys/values from tapped target features.
+
+        taps (b, S, n*H) at absolute ``positions`` (b, S) -> per layer ((b, hk, S, d), (b, hk, S, d)).
+        Each position's entry depends on that position alone, so a cache of these only ever grows.
+        """
+        ctx = self.hidden_norm(self.fc(taps))  # (b, S, H)
+        cos, sin = self._rope(positions, ctx.dtype)
+        return [layer.context_kv(ctx, cos, sin) for layer in self.layers]
+
+    def forward(
+        self,
+        block_embeds: torch.Tensor,  # (b, Q, H) target embeddings of [anchor, MASK...] per block
+        block_positions: torch.Tensor,  # (b, Q) absolute positions p_j + k
+        context_kv: list[tuple[torch.Tensor, torch.Tensor]],  # from encode_context or a ContextCache
+        mask: torch.Tensor | None = None,  # (b, 1, Q, S + Q) training mask; None at inference
+    ) -> torch.Tensor:
+        x = block_embeds
+        cos, sin = self._rope(block_positions, x.dtype)
+        for layer, (ctx_k, ctx_v) in zip(self.layers, context_kv, strict=True):
+            x = layer(x, cos, sin, ctx_k, ctx_v, mask)  # (b, Q, H)
+        return self.norm(x)  # (b, Q, H); logits = target lm_head(this)
+
+
+class ContextCache:
+    """The drafter's inference cache: context keys/values only, grown by the committed positions.
+
+    Block tokens are never cached: every draft pass recomputes its K tokens against the context, which
+    is what the training mask reproduces (dflash.md section 3: the cache is cropped back after drafting).
+    """
+
+    def __init__(self, drafter: DFlashDrafter):
+        self.drafter = drafter
+        self.kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        self.length = 0
+
+    def append(self, taps: torch.Tensor) -> None:
+        """Adds tapped features (b, T, n*H) of the next T committed positions."""
+        b, t, _ = taps.shape
+        pos = torch.arange(self.length, self.length + t, device=taps.device).expand(b, t)  # (b, T)
+        new = self.drafter.encode_context(taps, pos)
+        if self.kv is None:
+            self.kv = new
+        else:
+            self.kv = [
+                (torch.cat([k, nk], 2), torch.cat([v, nv], 2))
+                for (k, v), (nk, nv) in zip(self.kv, new, strict=True)
+            ]
+        self.length += t

