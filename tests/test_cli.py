@@ -63,7 +63,15 @@ def test_checkpoint_holds_the_drafter_and_its_description_not_the_target(fitted)
 
 def test_validate_reads_the_checkpoint_and_beats_the_untrained_drafter(fitted, tmp_path):
     (ckpt,) = fitted.rglob("*.ckpt")
-    common = ["validate", "--config", TINY, "--trainer.logger", "false"]
+    common = [
+        "validate",
+        "--config",
+        TINY,
+        "--trainer.logger",
+        "false",
+        "--trainer.default_root_dir",
+        str(tmp_path),
+    ]
     main([*common, "--results", str(tmp_path / "untrained.json")])
     main([*common, "--ckpt_path", str(ckpt), "--results", str(tmp_path / "trained.json")])
     untrained = json.loads((tmp_path / "untrained.json").read_text())["metrics"]
@@ -80,7 +88,17 @@ def test_a_checkpoint_without_drafter_weights_is_refused(fitted, tmp_path):
     broken = tmp_path / "broken.ckpt"
     torch.save(state, broken)
     with pytest.raises(KeyError, match=r"drafter\.fc\.weight"):
-        main(["validate", "--config", TINY, "--trainer.logger", "false", "--ckpt_path", str(broken)])
+        main(
+            [
+                "validate",
+                "--config",
+                TINY,
+                "--trainer.default_root_dir",
+                str(tmp_path),
+                "--ckpt_path",
+                str(broken),
+            ]
+        )
 
 
 def test_unknown_component_name_lists_the_valid_ones(capsys):
