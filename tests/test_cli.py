@@ -141,3 +141,21 @@ def test_registry_lists_every_kind_with_names_paths_and_parameters(capsys):
     main(["registry"])
     text = capsys.readouterr().out
     assert "target_source:" in text and "model_output" in text
+
+
+def test_validate_runs_real_speculative_decoding_on_humaneval_prompts(fitted, tmp_path):
+    (ckpt,) = fitted.rglob("*.ckpt")
+    main(
+        ["validate", "--config", TINY, "--ckpt_path", str(ckpt), "--trainer.precision", "64-true",
+         "--trainer.logger", "CSVLogger", "--trainer.logger.save_dir", str(tmp_path),
+         "--trainer.default_root_dir", str(tmp_path), "--results", str(tmp_path / "r.json"),
+         "--trainer.callbacks+=SpeculativeDecodingEval", "--trainer.callbacks.max_new_tokens", "16",
+         "--trainer.callbacks.prompts", "HumanEvalPrompts", "--trainer.callbacks.prompts.num_prompts", "3"]
+    )  # fmt: skip
+    metrics = json.loads((tmp_path / "r.json").read_text())["metrics"]
+    assert metrics["decode/lossless"] == 1.0 and metrics["decode/prompts"] == 3
+    assert metrics["decode/tau"] >= 1.0 and metrics["decode/speedup"] > 0
+    (rows,) = tmp_path.rglob("decode.jsonl")
+    per_prompt = [json.loads(line) for line in rows.read_text().splitlines()]
+    assert len(per_prompt) == 3 and all(0 < r["new_tokens"] <= 16 for r in per_prompt)
+    assert all(sum(r["accept_lengths"]) + 1 >= r["new_tokens"] for r in per_prompt)
