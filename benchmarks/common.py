@@ -1,0 +1,52 @@
+"""Shared benchmark plumbing: timing, the results file, and the closing JSON line."""
+
+from __future__ import annotations
+
+import json
+import platform
+import subprocess
+import time
+from pathlib import Path
+
+import torch
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def git_sha() -> str:
+    try:
+        return subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def timed(fn, repeats: int, warmup: int = 1) -> float:
+    """Median seconds of ``fn()`` over ``repeats`` runs after ``warmup`` runs."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]
+
+
+def record(name: str, rows: list[dict], summary: dict) -> None:
+    """Appends one line per run to results/<name>.jsonl and prints the closing JSON line."""
+    entry = {
+        "benchmark": name,
+        "git_sha": git_sha(),
+        "torch": torch.__version__,
+        "machine": platform.machine(),
+        "threads": torch.get_num_threads(),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "rows": rows,
+        **summary,
+    }
+    RESULTS.mkdir(exist_ok=True)
+    with open(RESULTS / f"{name}.jsonl", "a") as fh:
+        fh.write(json.dumps(entry) + "\n")
+    print(json.dumps(summary))
