@@ -22,10 +22,11 @@ def tiny_target(
 
 
 def tiny_drafter(
-    target: FrozenTarget, block_size=4, num_layers=2, attention="eager", num_fc_inputs=3, seed=0
+    target: FrozenTarget, block_size=4, num_layers=2, attention="eager", num_fc_inputs=3, seed=0, mask=None
 ):
     cfg = DrafterConfig(num_layers=num_layers, block_size=block_size, attention=attention)
-    cfg = cfg.resolved(target.model.config, num_fc_inputs, mask_token_id=258)
+    rules = mask.per_layer(num_layers) if mask is not None else None
+    cfg = cfg.resolved(target.model.config, num_fc_inputs, mask_token_id=258, layers=rules)
     torch.manual_seed(seed)
     drafter = DFlashDrafter(cfg).to(target.embed_tokens.weight.dtype)
     # A larger init than training's 0.02 so that untrained drafts vary and attention is not uniform.

@@ -6,7 +6,16 @@ import pytest
 import torch
 
 from spec_drafters.anchors import block_labels, build_blocks
-from spec_drafters.losses import HardCE, slot_weights
+from spec_drafters.losses import CAP, CEKLBlend, HardCE, SlotBatch, SoftKL, accepted_indicator, slot_weights
+
+
+def slot_batch(logits, labels, slots, target_logits=None, supervised=None, hidden=None):
+    m = labels.shape[0]
+    if supervised is None:
+        supervised = torch.zeros((1, 1, m + 1), dtype=torch.bool)
+        supervised[0, 0, 1:] = True
+    hidden = torch.zeros((m, 2)) if hidden is None else hidden
+    return SlotBatch(logits, labels, slots, hidden, supervised, target_logits)
 
 
 def test_blocks_and_labels_by_hand():
@@ -54,7 +63,67 @@ def test_hard_ce_is_the_weighted_mean_of_per_slot_ce():
     ce = [-math.log(math.exp(2) / (math.exp(2) + 2)), -math.log(1 / (math.e + 2)), math.log(3)]
     w = [1.0, math.exp(-1 / 7), math.exp(-2 / 7)]
     want = sum(a * b for a, b in zip(w, ce, strict=True)) / sum(w)
-    assert HardCE(gamma=7.0)(logits, labels, slots).item() == pytest.approx(want, rel=1e-6)
+    got = HardCE(gamma=7.0)(slot_batch(logits, labels, slots))["loss"]
+    assert got.item() == pytest.approx(want, rel=1e-6)
+
+
+def test_soft_kl_and_blend_by_hand():
+    student = torch.tensor([[1.0, 0.0], [0.0, 0.0]])
+    teacher = torch.tensor([[0.0, 0.0], [2.0, 0.0]])
+    labels, slots = torch.tensor([0, 1]), torch.tensor([1, 2])
+
+    def kl(p_logits, q_logits, t):
+        p = [math.exp(x / t) for x in p_logits]
+        q = [math.exp(x / t) for x in q_logits]
+        p = [x / sum(p) for x in p]
+        q = [x / sum(q) for x in q]
+        return sum(a * math.log(a / b) for a, b in zip(p, q, strict=True)) * t * t
+
+    for t in (1.0, 2.0):
+        w = [1.0, math.exp(-1 / 4)]
+        per = [kl(teacher[i].tolist(), student[i].tolist(), t) for i in range(2)]
+        want_kl = (w[0] * per[0] + w[1] * per[1]) / sum(w)
+        batch = slot_batch(student, labels, slots, target_logits=teacher)
+        got = SoftKL(gamma=4.0, temperature=t)(batch)["loss"]
+        assert got.item() == pytest.approx(want_kl, rel=1e-6)
+        blend = CEKLBlend(gamma=4.0, alpha=0.15, temperature=t)(batch)
+        want_ce = HardCE(gamma=4.0)(batch)["loss"].item()
+        assert blend["loss"].item() == pytest.approx(want_ce + 0.15 * want_kl, rel=1e-6)
+        assert blend["kl"].item() == pytest.approx(want_kl, rel=1e-6)
+    same = SoftKL()(slot_batch(teacher, labels, slots, target_logits=teacher))["loss"]
+    assert same.item() == pytest.approx(0)
+
+
+def test_acceptance_indicator_by_hand():
+    hit = torch.tensor([[[False, True, True, False, True], [False, False, True, True, True]]])
+    sup = torch.tensor([[[False, True, True, True, True], [False, True, True, False, True]]])
+    acc, known = accepted_indicator(hit, sup)
+    # block 0: slots 1, 2 match, slot 3 misses, so 3 and 4 are not accepted
+    assert acc[0, 0].tolist() == [False, True, True, False, False]
+    assert known[0, 0].tolist() == [False, True, True, True, True]
+    # block 1: slot 1 misses; slot 3 is unsupervised, so acceptance of 3 and 4 is unknown
+    assert acc[0, 1].tolist() == [False] * 5
+    assert known[0, 1].tolist() == [False, True, True, False, False]
+
+
+def test_cap_adds_a_confidence_bce_to_any_loss():
+    torch.manual_seed(0)
+    sup = torch.tensor([[[False, True, True, True]]])
+    logits = torch.tensor([[3.0, 0.0], [0.0, 3.0], [3.0, 0.0]], requires_grad=True)
+    labels = torch.tensor([0, 1, 1])  # slots 1, 2 hit, slot 3 misses -> accepted 1, 1, 0
+    hidden = torch.randn(3, 4, requires_grad=True)
+    cap = CAP(HardCE(gamma=4.0), weight=0.5)
+    cap.bind(4)
+    torch.nn.init.normal_(cap.head.weight)
+    out = cap(slot_batch(logits, labels, torch.tensor([1, 2, 3]), supervised=sup, hidden=hidden))
+    z = cap.head(hidden).squeeze(-1)
+    want_bce = torch.nn.functional.binary_cross_entropy_with_logits(z, torch.tensor([1.0, 1.0, 0.0]))
+    assert out["cap_bce"].item() == pytest.approx(want_bce.item(), rel=1e-6)
+    assert out["loss"].item() == pytest.approx(out["main"].item() + 0.5 * want_bce.item(), rel=1e-6)
+    out["loss"].backward()
+    assert cap.head.weight.grad.abs().sum() > 0 and hidden.grad.abs().sum() > 0
+    assert cap.confidence(hidden).shape == (3,)
+    assert CAP(SoftKL()).needs_distribution and not CAP(HardCE()).needs_distribution
 
 
 @pytest.mark.parametrize("gamma", [0.0, -1.0, float("inf")])

@@ -4,43 +4,92 @@ import pytest
 import torch
 
 from spec_drafters.anchors import UniformAnchors, eligible_anchors
-from spec_drafters.masks import DFlashBlockMask
+from spec_drafters.masks import (
+    CausalBlockMask,
+    DFlashBlockMask,
+    LayerAttention,
+    SlidingWindowMask,
+    inference_mask,
+    training_mask,
+)
 
 
-def brute_force_mask(anchors, valid, seq_len, block_size):
+def brute_force_mask(anchors, valid, seq_len, block_size, window=None, causal_block=False):
+    """The rules of dflash.md 2.4, one entry at a time."""
     b, n = anchors.shape
     q_len = n * block_size
     out = torch.zeros((b, 1, q_len, seq_len + q_len), dtype=torch.bool)
     for bi in range(b):
         for j in range(n):
+            p = int(anchors[bi, j])
             for k in range(block_size):
                 q = j * block_size + k
                 for t in range(seq_len):  # context: strictly before the anchor, valid anchors only
-                    out[bi, 0, q, t] = bool(valid[bi, j]) and t < int(anchors[bi, j])
-                for j2 in range(n):  # blocks: own block only, both directions
+                    seen = bool(valid[bi, j]) and t < p
+                    if window is not None:  # the query at position p + k reaches back window - 1
+                        seen = seen and (p + k) - t < window
+                    out[bi, 0, q, t] = seen
+                for j2 in range(n):  # blocks: own block only, both directions unless causal
                     for k2 in range(block_size):
-                        out[bi, 0, q, seq_len + j2 * block_size + k2] = j2 == j
+                        out[bi, 0, q, seq_len + j2 * block_size + k2] = j2 == j and (
+                            not causal_block or k2 <= k
+                        )
     return out
 
 
-@pytest.mark.parametrize("seed", range(5))
-@pytest.mark.parametrize("block_size", [2, 4])
-def test_dense_mask_equals_brute_force(seed, block_size):
+def _anchors(seed, block_size, b=2, s=24):
     g = torch.Generator().manual_seed(seed)
-    b, s = 2, 24
     loss_mask = (torch.rand((b, s), generator=g) > 0.2).long()
     loss_mask[:, -3:] = 1  # anchors near the sequence end are possible
     anchors, valid = UniformAnchors(max_anchors=6)(loss_mask, block_size, g)
     valid[0, -1] = False  # an unused (padded) anchor slot
     anchors[0, -1] = 0
-    got = DFlashBlockMask().dense(anchors, valid, s, block_size)
-    assert torch.equal(got, brute_force_mask(anchors, valid, s, block_size))
+    return anchors, valid
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("block_size", [2, 4])
+@pytest.mark.parametrize(
+    "component",
+    [DFlashBlockMask(), CausalBlockMask(), SlidingWindowMask(window=5, layers=[0, 2], causal_block=True)],
+    ids=["dflash_block", "causal_block", "sliding_window"],
+)
+def test_every_mask_component_equals_brute_force(seed, block_size, component):
+    anchors, valid = _anchors(seed, block_size)
+    for rule in component.per_layer(3):
+        got = training_mask(anchors, valid, 24, block_size, rule)
+        want = brute_force_mask(anchors, valid, 24, block_size, rule.window, rule.causal_block)
+        assert torch.equal(got, want)
+
+
+def test_mask_components_declare_their_layers():
+    assert DFlashBlockMask().per_layer(2) == [LayerAttention(), LayerAttention()]
+    assert CausalBlockMask().per_layer(1) == [LayerAttention(causal_block=True)]
+    swa = SlidingWindowMask(window=64).per_layer(5)  # default: every layer but the last slides (z-lab)
+    assert [r.layer_type for r in swa] == ["sliding_attention"] * 4 + ["full_attention"]
+    assert [r.window for r in SlidingWindowMask(window=8, layers=[-1]).per_layer(2)] == [None, 8]
+    with pytest.raises(ValueError, match=r"init_args\.layers"):
+        SlidingWindowMask(window=8, layers=[2]).per_layer(2)
+
+
+@pytest.mark.parametrize("window", [None, 6])
+@pytest.mark.parametrize("causal_block", [False, True])
+def test_inference_mask_is_the_training_rule_for_one_block(window, causal_block):
+    """Serving one block after S context positions = training with a single anchor at S."""
+    s, k = 13, 4
+    rule = LayerAttention(window, causal_block)
+    got = inference_mask(s, torch.arange(s, s + k)[None], rule)
+    want = brute_force_mask(torch.tensor([[s]]), torch.tensor([[True]]), s, k, window, causal_block)
+    if got is None:
+        assert want.all()  # full attention, bidirectional block: nothing to mask
+    else:
+        assert torch.equal(got, want)
 
 
 def test_anchor_never_sees_itself_and_rows_never_empty():
     anchors = torch.tensor([[1, 5, 22]])
     valid = torch.tensor([[True, True, False]])
-    m = DFlashBlockMask().dense(anchors, valid, 23, 3)[0, 0]
+    m = training_mask(anchors, valid, 23, 3)[0, 0]
     assert not m[3, 5] and m[3, 4]  # block 1 (anchor 5): context 4 visible, 5 (the anchor's own features) not
     assert m.any(dim=-1).all()  # padded block 2 still sees its own block, so no softmax row is empty
     assert not m[6:, :23].any()  # and no context at all

@@ -12,14 +12,36 @@ from conftest import tiny_drafter, tiny_target
 from spec_drafters.anchors import build_blocks
 from spec_drafters.attention import eager_attention, sdpa_attention
 from spec_drafters.drafter import ContextCache
-from spec_drafters.masks import DFlashBlockMask
+from spec_drafters.masks import CausalBlockMask, DFlashBlockMask, SlidingWindowMask, training_mask
 
 
-@pytest.mark.parametrize("architecture", ["qwen3", "llama"])
-@pytest.mark.parametrize("attention", ["eager", "sdpa"])
-def test_training_block_equals_inference_block(architecture, attention):
+def layer_masks(drafter, anchors, valid, s, k):
+    return [training_mask(anchors, valid, s, k, rule) for rule in drafter.layer_rules()]
+
+
+MASKS = {
+    "dflash_block": DFlashBlockMask(),
+    "causal_block": CausalBlockMask(),
+    "sliding_window": SlidingWindowMask(window=6, layers=[0]),  # layer 0 slides, layer 1 full
+    "sliding_causal": SlidingWindowMask(window=5, layers=[1], causal_block=True),
+}
+
+
+@pytest.mark.parametrize(
+    ("architecture", "attention", "mask"),
+    [
+        ("qwen3", "eager", "dflash_block"),
+        ("qwen3", "sdpa", "dflash_block"),
+        ("llama", "eager", "dflash_block"),
+        ("llama", "sdpa", "dflash_block"),
+        ("qwen3", "sdpa", "causal_block"),
+        ("qwen3", "eager", "sliding_window"),
+        ("llama", "sdpa", "sliding_causal"),
+    ],
+)
+def test_training_block_equals_inference_block(architecture, attention, mask):
     target = tiny_target(architecture, dtype="float64")
-    drafter = tiny_drafter(target, block_size=4, attention=attention)
+    drafter = tiny_drafter(target, block_size=4, attention=attention, mask=MASKS[mask])
     k, s = 4, 30
     ids = torch.randint(0, 256, (1, s), generator=torch.Generator().manual_seed(1))
     out = target(ids)
@@ -27,10 +49,10 @@ def test_training_block_equals_inference_block(architecture, attention):
     anchors = torch.tensor([[1, 7, 8, 19, 28]])  # adjacent anchors and one near the end
     valid = torch.ones_like(anchors, dtype=torch.bool)
     block_ids, block_pos = build_blocks(ids, anchors, k, 258)
-    mask = DFlashBlockMask().dense(anchors, valid, s, k)
+    masks = layer_masks(drafter, anchors, valid, s, k)
     with torch.no_grad():
         ctx_kv = drafter.encode_context(taps, torch.arange(s)[None])
-        train_logits = target.head(drafter(target.embed(block_ids), block_pos, ctx_kv, mask))  # (1, N*K, V)
+        train_logits = target.head(drafter(target.embed(block_ids), block_pos, ctx_kv, masks))  # (1, N*K, V)
         for j, p in enumerate(anchors[0].tolist()):
             cache = ContextCache(drafter)
             cache.append(taps[:, : p // 2])  # grown in two steps, as decoding does
@@ -53,11 +75,14 @@ def test_parity_fails_with_a_leaky_mask():
     taps = torch.cat([target(ids).taps[i] for i in (1, 2, 3)], dim=-1)
     anchors, valid = torch.tensor([[9]]), torch.tensor([[True]])
     block_ids, block_pos = build_blocks(ids, anchors, k, 258)
-    mask = DFlashBlockMask().dense(anchors, valid, s, k)
+    mask = training_mask(anchors, valid, s, k)
     mask[..., 9] = True  # the SpecForge #473 bug: t <= anchor
     with torch.no_grad():
         leaky = drafter(
-            target.embed(block_ids), block_pos, drafter.encode_context(taps, torch.arange(s)[None]), mask
+            target.embed(block_ids),
+            block_pos,
+            drafter.encode_context(taps, torch.arange(s)[None]),
+            [mask] * 2,
         )
         cache = ContextCache(drafter)
         cache.append(taps[:, :9])

@@ -18,13 +18,14 @@ n tapped layers in fc, h / hk query / key-value heads, d head dim.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from spec_drafters.attention import get_attention
+from spec_drafters.masks import LayerAttention, inference_mask
 
 
 @dataclass
@@ -49,13 +50,28 @@ class DrafterConfig:
     attention: str = "sdpa"
     """Attention kernel by registry name (``spec-drafters registry`` lists them)."""
     init_std: float = 0.02
-    # Filled from the target and the injection choice; not user settings.
+    # Filled from the target, the injection and the mask choice; not user settings.
     hidden_size: int | None = None
     num_fc_inputs: int | None = None
     mask_token_id: int | None = None
+    layer_types: list[str] = field(default_factory=list)
+    """Per layer: "full_attention" or "sliding_attention" (HF checkpoints' convention)."""
+    sliding_window: int | None = None
+    causal_block_layers: list[int] = field(default_factory=list)
+    """Layers causal inside the block (the others are bidirectional there)."""
 
-    def resolved(self, target_config, num_fc_inputs: int, mask_token_id: int) -> DrafterConfig:
-        """A copy with every ``None`` filled from the target's HF config, then validated."""
+    def resolved(
+        self,
+        target_config,
+        num_fc_inputs: int,
+        mask_token_id: int,
+        layers: list[LayerAttention] | None = None,
+    ) -> DrafterConfig:
+        """A copy with every ``None`` filled from the target's HF config and the mask's per-layer rule."""
+        layers = layers or [LayerAttention()] * self.num_layers
+        windows = {a.window for a in layers if a.window is not None}
+        if len(windows) > 1:
+            raise ValueError(f"--model.mask: one sliding window size per drafter, got {sorted(windows)}")
         t = target_config
         rope = getattr(t, "rope_theta", None) or (getattr(t, "rope_parameters", None) or {}).get("rope_theta")
         cfg = replace(
@@ -68,13 +84,21 @@ class DrafterConfig:
             head_dim=self.head_dim or getattr(t, "head_dim", None) or t.hidden_size // t.num_attention_heads,
             intermediate_size=self.intermediate_size or t.intermediate_size,
             rope_theta=self.rope_theta or rope or 10_000.0,
+            layer_types=[a.layer_type for a in layers],
+            sliding_window=windows.pop() if windows else None,
+            causal_block_layers=[i for i, a in enumerate(layers) if a.causal_block],
         )
         cfg.validate()
         return cfg
 
+    def layer_attention(self, i: int) -> LayerAttention:
+        """The attention rule of layer ``i`` as recorded in this config."""
+        sliding = self.layer_types[i] == "sliding_attention"
+        return LayerAttention(self.sliding_window if sliding else None, i in self.causal_block_layers)
+
     def validate(self) -> None:
         flag = "--model.drafter"
-        missing = [k for k, v in self.__dict__.items() if v is None]
+        missing = [k for k, v in self.__dict__.items() if v is None and k != "sliding_window"]
         if missing:
             raise ValueError(f"{flag}: unresolved fields {missing} (call resolved() with the target)")
         if self.block_size < 2:
@@ -91,6 +115,22 @@ class DrafterConfig:
         if self.head_dim % 2:
             raise ValueError(f"{flag}.head_dim must be even for RoPE, got {self.head_dim}")
         get_attention(self.attention)  # raises with the valid names
+        if len(self.layer_types) != self.num_layers:
+            raise ValueError(
+                f"{flag}: layer_types has {len(self.layer_types)} entries for {self.num_layers} layers"
+            )
+        unknown = set(self.layer_types) - {"full_attention", "sliding_attention"}
+        if unknown:
+            raise ValueError(f"{flag}: unknown layer_types {sorted(unknown)}")
+        sliding = "sliding_attention" in self.layer_types
+        if sliding and (self.sliding_window is None or self.sliding_window < self.block_size):
+            raise ValueError(
+                f"--model.mask.init_args.window must be >= block_size ({self.block_size}) so a block "
+                f"fits its own window, got {self.sliding_window}"
+            )
+        bad = [i for i in self.causal_block_layers if not 0 <= i < self.num_layers]
+        if bad:
+            raise ValueError(f"{flag}: causal_block_layers {bad} outside 0..{self.num_layers - 1}")
 
 
 class RMSNorm(nn.Module):
@@ -220,13 +260,19 @@ class DFlashDrafter(nn.Module):
         block_embeds: torch.Tensor,  # (b, Q, H) target embeddings of [anchor, MASK...] per block
         block_positions: torch.Tensor,  # (b, Q) absolute positions p_j + k
         context_kv: list[tuple[torch.Tensor, torch.Tensor]],  # from encode_context or a ContextCache
-        mask: torch.Tensor | None = None,  # (b, 1, Q, S + Q) training mask; None at inference
+        masks: list[torch.Tensor | None] | None = None,  # per layer (b, 1, Q, S + Q); None at inference
     ) -> torch.Tensor:
         x = block_embeds
         cos, sin = self._rope(block_positions, x.dtype)
-        for layer, (ctx_k, ctx_v) in zip(self.layers, context_kv, strict=True):
+        if masks is None:  # serving: one block right after the S committed context positions
+            ctx_len = context_kv[0][0].shape[2]
+            masks = [inference_mask(ctx_len, block_positions, a) for a in self.layer_rules()]
+        for layer, (ctx_k, ctx_v), mask in zip(self.layers, context_kv, masks, strict=True):
             x = layer(x, cos, sin, ctx_k, ctx_v, mask)  # (b, Q, H)
         return self.norm(x)  # (b, Q, H); logits = target lm_head(this)
+
+    def layer_rules(self) -> list[LayerAttention]:
+        return [self.config.layer_attention(i) for i in range(self.config.num_layers)]
 
 
 class ContextCache:

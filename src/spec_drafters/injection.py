@@ -1,14 +1,25 @@
-"""Injection (component kind ``injection``): which target layers are tapped and which feed ``fc``.
+"""Injection (component kind ``injection``): which target layers are tapped and which of them feed ``fc``.
 
 Layer ids follow this project's convention (0-based decoder-layer outputs, z-lab's; see target.py).
-The seeds' v5 lost weeks because ``fc`` took 4 of the 5 tapped layers; here the ``fc`` inputs are a
-named, listed, checked choice.
+The seeds lost weeks to this choice (dflash.md section 5): v5 fed ``fc`` 4 of its 5 tapped layers
+(``all_but_last``, the last one kept for the labels only), v6 fed all 5 (``all_taps``) and converged
+5x faster. Here the ``fc`` inputs are a named, listed, checked choice, recorded in every checkpoint.
+
+Every strategy resolves against the target's card (depth, default taps), so a config names the
+strategy and, at most, the tap count or the ids; never the target's dimensions.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from spec_drafters.registry import register
 from spec_drafters.target import validate_layer_ids
+
+if TYPE_CHECKING:
+    from spec_drafters.targets import TargetCard
+
+FLAG = "--model.injection.init_args"
 
 
 def zlab_layer_ids(num_layers: int, num_taps: int) -> list[int]:
@@ -17,7 +28,7 @@ def zlab_layer_ids(num_layers: int, num_taps: int) -> list[int]:
     ``round`` is Python's (ties to even), as in the reference: L=64, m=5 -> [1, 16, 31, 46, 61].
     """
     if num_taps < 1:
-        raise ValueError(f"--model.injection.init_args.num_taps must be >= 1, got {num_taps}")
+        raise ValueError(f"{FLAG}.num_taps must be >= 1, got {num_taps}")
     if num_taps == 1:
         return [num_layers // 2]
     if num_layers < 4:
@@ -26,45 +37,112 @@ def zlab_layer_ids(num_layers: int, num_taps: int) -> list[int]:
 
 
 class Injection:
-    """Base class of the ``injection`` kind."""
+    """Base class of the ``injection`` kind.
+
+    Subclasses answer two questions about a target (given by its card): which layers must be tapped,
+    and which of those, in order, are concatenated into ``fc``.
+    """
 
     component_kind = "injection"
 
-    def tap_ids(self, num_layers: int) -> list[int]:
-        """Every tapped layer (what the target must expose)."""
+    def tap_ids(self, card: TargetCard) -> list[int]:
+        """Every tapped layer (what the target must expose), sorted."""
         raise NotImplementedError
 
-    def fc_ids(self, num_layers: int) -> list[int]:
+    def fc_ids(self, card: TargetCard) -> list[int]:
         """The tapped layers concatenated into ``fc``, in order. Default: all of them."""
-        return self.tap_ids(num_layers)
+        return self.tap_ids(card)
+
+
+class _TapList(Injection):
+    """Shared resolution of the tap list: explicit ids, or the z-lab formula, or the card's default.
+
+    Args:
+        layer_ids: explicit, sorted, unique, 0-based decoder-layer ids.
+        num_taps: how many layers to spread by z-lab's formula over the target's depth.
+    With neither, the target card's ``default_tap_ids`` apply (z-lab's 5 taps where the card has none).
+    """
+
+    def __init__(self, layer_ids: list[int] | None = None, num_taps: int | None = None):
+        if layer_ids is not None and num_taps is not None:
+            raise ValueError(f"{FLAG}: set layer_ids or num_taps, not both")
+        self.layer_ids = None if layer_ids is None else list(layer_ids)
+        self.num_taps = num_taps
+
+    def tap_ids(self, card):
+        if self.layer_ids is not None:
+            return validate_layer_ids(self.layer_ids, card.num_layers, f"{FLAG}.layer_ids")
+        if self.num_taps is not None:
+            ids = zlab_layer_ids(card.num_layers, self.num_taps)
+            return validate_layer_ids(ids, card.num_layers, f"{FLAG}.num_taps")
+        ids = card.default_tap_ids or zlab_layer_ids(card.num_layers, 5)
+        return validate_layer_ids(ids, card.num_layers, f"default_tap_ids of target card {card.name!r}")
+
+
+@register("injection", "all_taps")
+class AllTaps(_TapList):
+    """Every tapped layer feeds ``fc`` (the "5-layer" case: z-lab's released drafters, the seeds' v6)."""
+
+
+@register("injection", "all_but_last")
+class AllButLast(_TapList):
+    """Every tapped layer but the last feeds ``fc`` (the "4-layer" case, the seeds' v5).
+
+    The last tapped layer is still captured, so a label source such as ``layer_logits`` can read it,
+    but the drafter never sees it.
+    """
+
+    def fc_ids(self, card):
+        taps = self.tap_ids(card)
+        if len(taps) < 2:
+            raise ValueError(f"{FLAG}: all_but_last needs at least 2 tapped layers, got {taps}")
+        return taps[:-1]
+
+
+@register("injection", "custom")
+class CustomInjection(Injection):
+    """Any tap list and any ``fc`` subset of it.
+
+    Args:
+        taps: every layer to capture (sorted, unique).
+        fc: the captured layers that enter ``fc`` (sorted, unique, a subset of ``taps``).
+    """
+
+    def __init__(self, taps: list[int], fc: list[int]):
+        self.taps = list(taps)
+        self.fc = list(fc)
+
+    def tap_ids(self, card):
+        return validate_layer_ids(self.taps, card.num_layers, f"{FLAG}.taps")
+
+    def fc_ids(self, card):
+        taps = self.tap_ids(card)
+        fc = validate_layer_ids(self.fc, card.num_layers, f"{FLAG}.fc")
+        extra = sorted(set(fc) - set(taps))
+        if extra:
+            raise ValueError(f"{FLAG}.fc ids {extra} are not in taps {taps}")
+        return fc
 
 
 @register("injection", "zlab_taps")
-class ZLabTaps(Injection):
-    """``num_taps`` layers spread by z-lab's formula, all of them into ``fc``.
+class ZLabTaps(AllTaps):
+    """``num_taps`` layers spread by z-lab's formula, all into ``fc`` (the first release's name).
 
     Args:
         num_taps: how many target layers to tap (5 for the released drafters).
     """
 
     def __init__(self, num_taps: int = 5):
-        self.num_taps = num_taps
-
-    def tap_ids(self, num_layers: int) -> list[int]:
-        ids = zlab_layer_ids(num_layers, self.num_taps)
-        return validate_layer_ids(ids, num_layers, "--model.injection.init_args.num_taps")
+        super().__init__(num_taps=num_taps)
 
 
 @register("injection", "explicit_taps")
-class ExplicitTaps(Injection):
-    """An explicit list of layer ids, all of them into ``fc``.
+class ExplicitTaps(AllTaps):
+    """An explicit list of layer ids, all into ``fc`` (the first release's name).
 
     Args:
         layer_ids: sorted, unique, 0-based decoder-layer ids.
     """
 
     def __init__(self, layer_ids: list[int]):
-        self.layer_ids = list(layer_ids)
-
-    def tap_ids(self, num_layers: int) -> list[int]:
-        return validate_layer_ids(self.layer_ids, num_layers, "--model.injection.init_args.layer_ids")
+        super().__init__(layer_ids=layer_ids)

@@ -1,18 +1,44 @@
 """Losses (component kind ``loss``) over the supervised block slots.
 
-Inputs are flattened over the M supervised (anchor, slot) pairs so that the (M, V) logits of
-unsupervised slots are never computed: logits (M, V), labels (M,), slots (M,) with slot k in 1..K-1.
+A loss sees only the M supervised (anchor, slot) pairs, flattened in (b, N, K) order, so the (M, V)
+logits of unsupervised slots are never computed (:class:`SlotBatch`). It returns a dict with the
+total under ``"loss"`` and its parts under other keys (logged as ``train/<part>``, ``val/<part>``).
+
+- ``hard_ce``: cross-entropy to hard labels.
+- ``soft_kl``: forward KL(target || drafter) at a temperature.
+- ``ce_kl_blend``: CE + alpha * KL (the seeds' v3 and experiment-ddtree used alpha = 0.15).
+- ``cap``: wraps any loss and adds CAP, an auxiliary confidence head (dflash.md section 5).
+
+Every per-slot term is weighted by w_k = exp(-(k - 1) / gamma) (or uniformly with gamma null) and
+normalised by the sum of the weights (SpecForge; speculators divides by the count, a constant apart).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from spec_drafters.registry import register
+
+
+@dataclass
+class SlotBatch:
+    """The M supervised (anchor, slot) pairs of one step."""
+
+    logits: torch.Tensor  # (M, V) drafter logits
+    labels: torch.Tensor  # (M,) hard labels from the target source
+    slots: torch.Tensor  # (M,) slot k in 1..K-1
+    hidden: torch.Tensor  # (M, H) drafter final hidden state (after its norm), for auxiliary heads
+    supervised: torch.Tensor  # (b, N, K) bool: where the M rows sit, row-major
+    target_logits: torch.Tensor | None = None  # (M, V) target logits, for losses with needs_distribution
+
+    @property
+    def empty(self) -> bool:
+        return self.labels.numel() == 0
 
 
 def slot_weights(slots: torch.Tensor, gamma: float | None) -> torch.Tensor:
@@ -27,18 +53,52 @@ def slot_weights(slots: torch.Tensor, gamma: float | None) -> torch.Tensor:
     return torch.exp(-(slots.float() - 1.0) / gamma)
 
 
+def weighted_mean(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    return (weights * values).sum() / weights.sum()
+
+
+def _check_gamma(gamma: float | None) -> float | None:
+    if gamma is not None and not (gamma > 0 and math.isfinite(gamma)):
+        raise ValueError(f"--model.loss.init_args.gamma must be a positive number or null, got {gamma}")
+    return gamma
+
+
+def _check_positive(value: float, field: str) -> float:
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"--model.loss.init_args.{field} must be a positive number, got {value}")
+    return value
+
+
+def forward_kl(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float):
+    """KL(p_teacher || p_student) per row at a temperature, times T^2 (Hinton et al.) -> (M,)."""
+    t = temperature
+    log_q = F.log_softmax(student_logits.float() / t, dim=-1)
+    log_p = F.log_softmax(teacher_logits.float() / t, dim=-1)
+    return (log_p.exp() * (log_p - log_q)).sum(-1) * t * t
+
+
 class DraftLoss(nn.Module):
     """Base class of the ``loss`` kind."""
 
     component_kind = "loss"
+    needs_distribution = False
+    """True when the loss reads ``SlotBatch.target_logits`` (a soft target)."""
 
-    def forward(self, logits: torch.Tensor, labels: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+    def bind(self, hidden_size: int) -> None:
+        """Called once with the drafter's width, before training: create auxiliary heads here."""
+
+    def forward(self, batch: SlotBatch) -> dict[str, torch.Tensor]:
         raise NotImplementedError
+
+
+def _zero(batch: SlotBatch) -> dict[str, torch.Tensor]:
+    # A batch without supervised slots contributes nothing, but keeps the graph connected.
+    return {"loss": batch.logits.sum() * 0.0}
 
 
 @register("loss", "hard_ce")
 class HardCE(DraftLoss):
-    """Cross-entropy to hard labels, weighted per slot, normalised by the sum of weights (SpecForge).
+    """Cross-entropy to hard labels, weighted per slot.
 
     Args:
         gamma: decay of the slot weights exp(-(k-1)/gamma); null for uniform weights.
@@ -46,13 +106,135 @@ class HardCE(DraftLoss):
 
     def __init__(self, gamma: float | None = 7.0):
         super().__init__()
-        if gamma is not None and not (gamma > 0 and math.isfinite(gamma)):
-            raise ValueError(f"--model.loss.init_args.gamma must be a positive number or null, got {gamma}")
-        self.gamma = gamma
+        self.gamma = _check_gamma(gamma)
 
-    def forward(self, logits, labels, slots):
-        if labels.numel() == 0:
-            return logits.sum() * 0.0  # a batch without supervised slots contributes nothing
-        w = slot_weights(slots, self.gamma)  # (M,)
-        ce = F.cross_entropy(logits.float(), labels, reduction="none")  # (M,)
-        return (w * ce).sum() / w.sum()
+    def forward(self, batch):
+        if batch.empty:
+            return _zero(batch)
+        ce = F.cross_entropy(batch.logits.float(), batch.labels, reduction="none")  # (M,)
+        return {"loss": weighted_mean(ce, slot_weights(batch.slots, self.gamma))}
+
+
+@register("loss", "soft_kl")
+class SoftKL(DraftLoss):
+    """Forward KL from the target's distribution to the drafter's, weighted per slot.
+
+    Args:
+        gamma: decay of the slot weights; null for uniform weights.
+        temperature: softens both distributions; the loss is scaled by temperature^2.
+    """
+
+    needs_distribution = True
+
+    def __init__(self, gamma: float | None = 7.0, temperature: float = 1.0):
+        super().__init__()
+        self.gamma = _check_gamma(gamma)
+        self.temperature = _check_positive(temperature, "temperature")
+
+    def forward(self, batch):
+        if batch.empty:
+            return _zero(batch)
+        kl = forward_kl(batch.logits, batch.target_logits, self.temperature)  # (M,)
+        return {"loss": weighted_mean(kl, slot_weights(batch.slots, self.gamma))}
+
+
+@register("loss", "ce_kl_blend")
+class CEKLBlend(DraftLoss):
+    """CE to the hard labels + alpha * KL to the target distribution, both weighted per slot.
+
+    Args:
+        gamma: decay of the slot weights; null for uniform weights.
+        alpha: weight of the KL term (the seeds used 0.15).
+        temperature: temperature of the KL term.
+    """
+
+    needs_distribution = True
+
+    def __init__(self, gamma: float | None = 7.0, alpha: float = 0.15, temperature: float = 1.0):
+        super().__init__()
+        self.gamma = _check_gamma(gamma)
+        if not (alpha >= 0 and math.isfinite(alpha)):
+            raise ValueError(f"--model.loss.init_args.alpha must be >= 0, got {alpha}")
+        self.alpha = alpha
+        self.temperature = _check_positive(temperature, "temperature")
+
+    def forward(self, batch):
+        if batch.empty:
+            return _zero(batch)
+        w = slot_weights(batch.slots, self.gamma)
+        ce = weighted_mean(F.cross_entropy(batch.logits.float(), batch.labels, reduction="none"), w)
+        kl = weighted_mean(forward_kl(batch.logits, batch.target_logits, self.temperature), w)
+        return {"loss": ce + self.alpha * kl, "ce": ce.detach(), "kl": kl.detach()}
+
+
+def accepted_indicator(hit: torch.Tensor, supervised: torch.Tensor):
+    """Teacher-forced acceptance per slot: slot k is accepted iff slots 1..k all match.
+
+    hit, supervised (b, N, K) bool (slot 0 ignored) -> (accepted (b, N, K), known (b, N, K)); ``known``
+    marks slots whose slots 1..k are all supervised, the only ones where acceptance is defined.
+    """
+    known = supervised.clone()
+    known[..., 0] = True
+    known = known.long().cumprod(-1).bool()
+    known[..., 0] = False
+    acc = (hit | ~supervised).clone()
+    acc[..., 0] = True
+    acc = acc.long().cumprod(-1).bool() & known
+    return acc, known
+
+
+@register("loss", "cap")
+class CAP(DraftLoss):
+    """CAP: a main loss plus an auxiliary confidence head and its BCE (dflash.md section 5).
+
+    The head reads the drafter's final hidden state of each slot and predicts the probability that
+    the slot is accepted in the teacher-forced chain (all slots 1..k match the labels). Its target is
+    computed from the drafter's own argmax and detached. At serving time ``confidence`` can stop a
+    chain early or rescore tree nodes. The head's weights live in this loss (``loss_fn.head.*``).
+
+    Args:
+        main: the loss this one wraps (any ``loss`` component).
+        weight: multiplier of the confidence BCE.
+        detach_hidden: train the head on a detached hidden state, so the BCE never shapes the drafter.
+    """
+
+    def __init__(self, main: DraftLoss, weight: float = 0.1, detach_hidden: bool = False):
+        super().__init__()
+        if isinstance(main, CAP):
+            raise ValueError("--model.loss.init_args.main cannot itself be cap")
+        self.main = main
+        self.weight = _check_positive(weight, "weight")
+        self.detach_hidden = detach_hidden
+        self.head: nn.Linear | None = None
+
+    @property
+    def needs_distribution(self) -> bool:  # type: ignore[override]
+        return self.main.needs_distribution
+
+    def bind(self, hidden_size: int) -> None:
+        self.main.bind(hidden_size)
+        self.head = nn.Linear(hidden_size, 1)
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)  # starts at p = 0.5 everywhere
+
+    def confidence(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(..., H) drafter final hidden -> (...) probability that the slot is accepted."""
+        return torch.sigmoid(self.head(hidden).squeeze(-1))
+
+    def forward(self, batch):
+        if self.head is None:
+            raise RuntimeError("cap: bind(hidden_size) was not called")
+        out = self.main(batch)
+        if batch.empty:
+            return {**out, "loss": out["loss"] + self.head.weight.sum() * 0.0}
+        sup = batch.supervised
+        hit = torch.zeros_like(sup)
+        hit[sup] = batch.logits.argmax(-1) == batch.labels
+        accepted, known = accepted_indicator(hit, sup)
+        rows = known[sup]  # (M,) which of the M rows have a defined acceptance
+        hidden = batch.hidden.detach() if self.detach_hidden else batch.hidden
+        logit = self.head(hidden[rows]).squeeze(-1).float()  # (M',)
+        target = accepted[sup][rows].float()  # (M',), detached by construction (argmax)
+        bce = F.binary_cross_entropy_with_logits(logit, target) if rows.any() else logit.sum() * 0.0
+        main = out.pop("loss")
+        return {"loss": main + self.weight * bce, **out, "main": main.detach(), "cap_bce": bce.detach()}

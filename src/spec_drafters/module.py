@@ -10,9 +10,10 @@ M supervised (anchor, slot) pairs.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 import lightning.pytorch as pl
 import torch
@@ -22,9 +23,10 @@ from spec_drafters.anchors import AnchorSampler, UniformAnchors, block_labels, b
 from spec_drafters.decoding import DecodeResult, greedy_generate, speculative_generate
 from spec_drafters.drafter import DFlashDrafter, DrafterConfig
 from spec_drafters.injection import Injection, ZLabTaps
-from spec_drafters.losses import DraftLoss, HardCE
-from spec_drafters.masks import DFlashBlockMask, DrafterMask
+from spec_drafters.losses import DraftLoss, HardCE, SlotBatch
+from spec_drafters.masks import DFlashBlockMask, DrafterMask, training_mask
 from spec_drafters.metrics import AcceptanceLength, SlotAccuracy
+from spec_drafters.noise import FeatureNoise, NoNoise
 from spec_drafters.registry import as_config, name_of
 from spec_drafters.target import FrozenTarget
 from spec_drafters.target_source import ModelOutput, TargetSource
@@ -35,6 +37,22 @@ from spec_drafters.verifiers import GreedyChain, Verifier
 warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
 
 
+@dataclass
+class StepInputs:
+    """Everything one teacher-forced step feeds the drafter and the loss."""
+
+    features: torch.Tensor  # (b, S, n*H) the fc input, noised in training
+    clean_features: torch.Tensor  # (b, S, n*H) the same before noise
+    anchors: torch.Tensor  # (b, N)
+    anchor_ok: torch.Tensor  # (b, N) bool
+    block_ids: torch.Tensor  # (b, Q) [anchor, MASK...] per block
+    block_pos: torch.Tensor  # (b, Q) absolute positions
+    labels: torch.Tensor  # (b, N, K) slot labels
+    supervised: torch.Tensor  # (b, N, K) bool
+    target_logits: torch.Tensor | None  # (M, V) for soft losses, rows in (b, N, K) order
+    masks: list[torch.Tensor]  # per drafter layer (b, 1, Q, S + Q)
+
+
 class DFlashModule(pl.LightningModule):
     """Trains a DFlash drafter for a frozen target.
 
@@ -43,6 +61,7 @@ class DFlashModule(pl.LightningModule):
         drafter: the drafter's shape; unset fields follow the target.
         injection: which target layers are tapped and fed to fc.
         target_source: where labels come from.
+        noise: perturbation of the fc input during training (never of the labels).
         loss: the training objective.
         mask: the training attention mask.
         anchors: anchor sampling for training.
@@ -61,6 +80,7 @@ class DFlashModule(pl.LightningModule):
         drafter: DrafterConfig = DrafterConfig(),  # noqa: B008 - a dataclass value, copied by resolved()
         injection: Injection = lazy_instance(ZLabTaps),
         target_source: TargetSource = lazy_instance(ModelOutput),
+        noise: FeatureNoise = lazy_instance(NoNoise),
         loss: DraftLoss = lazy_instance(HardCE),
         mask: DrafterMask = lazy_instance(DFlashBlockMask),
         anchors: AnchorSampler = lazy_instance(UniformAnchors),
@@ -73,25 +93,33 @@ class DFlashModule(pl.LightningModule):
         seed: int = 0,
     ):
         super().__init__()
-        with warnings.catch_warnings():
-            # The loss may own parameters (CAP); it is saved as part of the state dict *and* as config.
-            warnings.filterwarnings("ignore", message=".*is an instance of `nn.Module`")
-            self.save_hyperparameters()
-        # Through LightningCLI the hyperparameters are the parsed config already; built in Python they
-        # are objects, which checkpoints loaded with weights_only=True cannot hold. Keep them plain.
-        for key, value in list(self.hparams.items()):
-            self.hparams[key] = as_config(value)
+        # Hyperparameters are stored as plain {class_path, init_args} dicts: components built in Python
+        # are objects (some of them jsonargparse lazy instances, which cannot be deep-copied), and
+        # checkpoints loaded with weights_only=True can hold only plain types.
+        args = dict(locals())
+        del args["self"], args["__class__"]
+        self.save_hyperparameters({key: as_config(value) for key, value in args.items()})
         loaded = target.load()
         self.tokenizer, self.card = loaded.tokenizer, loaded.card
-        num_layers = len(loaded.model.base_model.layers)
-        self.fc_ids = injection.fc_ids(num_layers)
-        taps = set(injection.tap_ids(num_layers)) | set(target_source.layer_ids(num_layers))
+        self.fc_ids = injection.fc_ids(self.card)
+        taps = set(injection.tap_ids(self.card)) | set(target_source.layer_ids(self.card))
         if not set(self.fc_ids) <= taps:
             raise ValueError(f"--model.injection: fc ids {self.fc_ids} are not all tapped ({sorted(taps)})")
+        if loss.needs_distribution and not target_source.has_distribution:
+            raise ValueError(
+                f"--model.loss {name_of(loss)} needs the target's distribution, which "
+                f"--model.target_source {name_of(target_source)} does not have"
+            )
         self.target = FrozenTarget(loaded.model, sorted(taps))
-        cfg = drafter.resolved(loaded.model.config, len(self.fc_ids), self.card.mask_token_id)
-        self.drafter = DFlashDrafter(cfg)
-        self.injection, self.target_source, self.loss_fn = injection, target_source, loss
+        cfg = drafter.resolved(
+            loaded.model.config, len(self.fc_ids), self.card.mask_token_id, mask.per_layer(drafter.num_layers)
+        )
+        # A target built on the meta device (a config check, no weights) gets a meta drafter too.
+        on_meta = next(loaded.model.parameters()).is_meta
+        with torch.device("meta") if on_meta else contextlib.nullcontext():
+            self.drafter = DFlashDrafter(cfg)
+            loss.bind(cfg.hidden_size)
+        self.injection, self.target_source, self.noise, self.loss_fn = injection, target_source, noise, loss
         self.mask, self.anchors, self.verifier = mask, anchors, verifier
         if val_anchors < 1:
             raise ValueError(f"--model.val_anchors must be >= 1, got {val_anchors}")
@@ -103,57 +131,108 @@ class DFlashModule(pl.LightningModule):
         )
 
     # --- the shared forward ------------------------------------------------------------------------
-    def _step(self, batch: dict[str, torch.Tensor], sampler: AnchorSampler, generator: torch.Generator):
+    def prepare(
+        self, batch: dict[str, torch.Tensor], sampler: AnchorSampler, seed: int, noisy: bool
+    ) -> StepInputs:
+        """Target forward, labels, anchors, blocks and masks for one batch (no drafter yet)."""
         ids, loss_mask = batch["input_ids"], batch["loss_mask"]  # (b, S)
-        b, s = ids.shape
+        s = ids.shape[1]
         k = self.drafter.config.block_size
         out = self.target(ids, attention_mask=batch["attention_mask"])
-        taps = torch.cat([out.taps[i] for i in self.fc_ids], dim=-1)  # (b, S, n*H)
+        clean = torch.cat([out.taps[i] for i in self.fc_ids], dim=-1)  # (b, S, n*H)
+        features = clean
+        if noisy:  # a new tensor: the target's outputs, which the labels read, stay untouched
+            features = self.noise(clean, torch.Generator(clean.device).manual_seed(seed + 10**12))
         labels, label_ok = self.target_source.hard_labels(self.target, out, ids)  # (b, S)
-        anchors, anchor_ok = sampler(loss_mask, k, generator)  # (b, N)
+        anchors, anchor_ok = sampler(loss_mask, k, torch.Generator().manual_seed(seed))  # (b, N)
         block_ids, block_pos = build_blocks(ids, anchors, k, self.drafter.config.mask_token_id)  # (b, Q)
         slot_labels, slot_ok = block_labels(labels, label_ok, loss_mask, anchors, anchor_ok, k)  # (b, N, K)
-        ctx_pos = torch.arange(s, device=ids.device).expand(b, s)  # (b, S)
-        mask = self.mask.dense(anchors, anchor_ok, s, k)  # (b, 1, Q, S + Q)
-        hidden = self.drafter(
-            self.target.embed(block_ids), block_pos, self.drafter.encode_context(taps, ctx_pos), mask
+        target_logits = None
+        if self.loss_fn.needs_distribution:
+            rows, anchor_idx, slot = slot_ok.nonzero(as_tuple=True)  # (M,) each, in (b, N, K) order
+            positions = anchors[rows, anchor_idx] + slot
+            target_logits = self.target_source.logits_at(self.target, out, rows, positions)  # (M, V)
+        built: dict = {}
+        masks = []
+        for rule in self.drafter.layer_rules():  # one dense mask per distinct rule
+            if rule not in built:
+                built[rule] = training_mask(anchors, anchor_ok, s, k, rule)  # (b, 1, Q, S + Q)
+            masks.append(built[rule])
+        return StepInputs(
+            features,
+            clean,
+            anchors,
+            anchor_ok,
+            block_ids,
+            block_pos,
+            slot_labels,
+            slot_ok,
+            target_logits,
+            masks,
         )
-        hidden = hidden.view(b, anchors.shape[1], k, -1)  # (b, N, K, H)
-        return hidden, slot_labels, slot_ok, anchor_ok
 
-    def _generator(self, offset: int) -> torch.Generator:
-        return torch.Generator().manual_seed(self.hparams.seed * 1_000_003 + offset)
+    def draft_hidden(self, inp: StepInputs) -> torch.Tensor:
+        """The drafter's final hidden state for every block slot: (b, N, K, H)."""
+        b, s, _ = inp.features.shape
+        ctx_pos = torch.arange(s, device=inp.features.device).expand(b, s)  # (b, S)
+        hidden = self.drafter(
+            self.target.embed(inp.block_ids),
+            inp.block_pos,
+            self.drafter.encode_context(inp.features, ctx_pos),
+            inp.masks,
+        )
+        return hidden.view(b, inp.anchors.shape[1], self.drafter.config.block_size, -1)  # (b, N, K, H)
+
+    def slot_batch(self, hidden: torch.Tensor, inp: StepInputs) -> SlotBatch:
+        ok = inp.supervised
+        slots = torch.arange(hidden.shape[2], device=hidden.device).expand(ok.shape)  # (b, N, K)
+        h = hidden[ok]  # (M, H)
+        return SlotBatch(
+            logits=self.target.head(h),  # (M, V): only supervised slots reach the head
+            labels=inp.labels[ok],
+            slots=slots[ok],
+            hidden=h,
+            supervised=ok,
+            target_logits=inp.target_logits,
+        )
+
+    def _seed(self, offset: int) -> int:
+        return self.hparams.seed * 1_000_003 + offset
 
     # --- training ---------------------------------------------------------------------------------
     def training_step(self, batch, batch_idx):
-        hidden, labels, ok, _ = self._step(batch, self.anchors, self._generator(self.global_step))
-        slots = torch.arange(hidden.shape[2], device=hidden.device).expand(ok.shape)  # (b, N, K)
-        logits = self.target.head(hidden[ok])  # (M, V): only supervised slots reach the head
-        loss = self.loss_fn(logits, labels[ok], slots[ok])
-        acc = (logits.argmax(-1) == labels[ok]).float().mean() if ok.any() else torch.zeros(())
+        inp = self.prepare(batch, self.anchors, self._seed(self.global_step), noisy=True)
+        sb = self.slot_batch(self.draft_hidden(inp), inp)
+        parts = self.loss_fn(sb)
+        acc = (sb.logits.argmax(-1) == sb.labels).float().mean() if not sb.empty else torch.zeros(())
         bsz = batch["input_ids"].shape[0]
-        self.log("train/loss", loss, prog_bar=True, batch_size=bsz)
+        self.log("train/loss", parts["loss"], prog_bar=True, batch_size=bsz)
+        for key, value in parts.items():
+            if key != "loss":
+                self.log(f"train/{key}", value, batch_size=bsz)
         self.log("train/acc", acc, prog_bar=True, batch_size=bsz)
-        self.log("train/supervised_slots", float(ok.sum()), batch_size=bsz)
-        return loss
+        self.log("train/supervised_slots", float(inp.supervised.sum()), batch_size=bsz)
+        return parts["loss"]
 
     # --- validation (teacher-forced) --------------------------------------------------------------
     def validation_step(self, batch, batch_idx):
-        hidden, labels, ok, anchor_ok = self._step(
-            batch, self.val_sampler, self._generator(10**9 + batch_idx)
-        )
+        inp = self.prepare(batch, self.val_sampler, self._seed(10**9 + batch_idx), noisy=False)
+        hidden = self.draft_hidden(inp)
         b, n, k, _ = hidden.shape
-        slots = torch.arange(k, device=hidden.device).expand(ok.shape)
-        logits = self.target.head(hidden[ok])  # (M, V)
-        loss = self.loss_fn(logits, labels[ok], slots[ok])
+        sb = self.slot_batch(hidden, inp)
+        parts = self.loss_fn(sb)
         # Full blocks only: every valid anchor has all K-1 slots supervised, so reshape per block.
+        ok, labels = inp.supervised, inp.labels
         draft = torch.zeros((b, n, k), dtype=torch.long, device=hidden.device)
-        draft[ok] = logits.argmax(-1)
+        draft[ok] = sb.logits.argmax(-1)
         hit = (draft == labels) & ok  # (b, N, K)
         self.val_acc.update(hit[:, :, 1:].reshape(-1, k - 1), ok[:, :, 1:].reshape(-1, k - 1))
         accepted = hit[:, :, 1:].long().cumprod(dim=2).sum(dim=2)  # (b, N): the greedy chain
-        self.val_tau.update(accepted, anchor_ok)
-        self.log("val/loss", loss, prog_bar=True, batch_size=b)
+        self.val_tau.update(accepted, inp.anchor_ok)
+        self.log("val/loss", parts["loss"], prog_bar=True, batch_size=b)
+        for key, value in parts.items():
+            if key != "loss":
+                self.log(f"val/{key}", value, batch_size=b)
 
     def on_validation_epoch_end(self) -> None:
         acc = self.val_acc.compute()
@@ -183,9 +262,8 @@ class DFlashModule(pl.LightningModule):
     # --- optimisation -----------------------------------------------------------------------------
     def configure_optimizers(self):
         hp = self.hparams
-        opt = torch.optim.AdamW(
-            self.drafter.parameters(), lr=hp.lr, weight_decay=hp.weight_decay, betas=(0.9, 0.95)
-        )
+        params = [p for p in self.parameters() if p.requires_grad]  # drafter + auxiliary heads
+        opt = torch.optim.AdamW(params, lr=hp.lr, weight_decay=hp.weight_decay, betas=(0.9, 0.95))
         total = max(1, int(self.trainer.estimated_stepping_batches))
         warmup = max(1, int(total * hp.warmup_fraction))
 
@@ -212,6 +290,7 @@ class DFlashModule(pl.LightningModule):
             "components": {
                 "injection": name_of(self.injection),
                 "target_source": name_of(self.target_source),
+                "noise": name_of(self.noise),
                 "loss": name_of(self.loss_fn),
                 "mask": name_of(self.mask),
                 "anchors": name_of(self.anchors),
@@ -228,7 +307,8 @@ class DFlashModule(pl.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         state = checkpoint["state_dict"]
-        missing = [f"drafter.{k}" for k in self.drafter.state_dict() if f"drafter.{k}" not in state]
+        trained = [k for k in self.state_dict() if not k.startswith("target.")]  # drafter + aux heads
+        missing = [k for k in trained if k not in state]
         if missing:
             raise KeyError(f"checkpoint lacks drafter weights {missing[:5]} (of {len(missing)} missing)")
         saved = checkpoint.get("spec_drafters", {}).get("target", {}).get("name")

@@ -42,6 +42,10 @@ class TargetCard:
     mask_token: str = ""
     eos_token_ids: list[int] = field(default_factory=list)
     architecture: str = ""
+    default_tap_ids: list[int] = field(default_factory=list)
+    """Taps an injection strategy uses when the config names none (z-lab's released drafter's)."""
+    hf_config: dict | None = None
+    """The target's HuggingFace config, for building it without weights on the meta device."""
     notes: str = ""
 
     @classmethod
@@ -242,29 +246,59 @@ class HFPretrained(TargetLoader):
     Args:
         path: the folder (config.json, weights, tokenizer files).
         mask_token_id: the drafter's mask token; must exist in the vocabulary and never occur in text.
+            Default: the card's.
         card: a ``registry/targets`` card name to check the weights against (optional).
         dtype: float32, bfloat16, float16 or float64.
+        meta: build the architecture on the meta device without weights or tokenizer (from the
+            folder's config.json, or the card's ``hf_config`` when the folder is absent). For checking
+            a large experiment's config and shapes on a small machine; such a target cannot run.
     """
 
     def __init__(
-        self, path: str, mask_token_id: int | None = None, card: str | None = None, dtype: str = "float32"
+        self,
+        path: str,
+        mask_token_id: int | None = None,
+        card: str | None = None,
+        dtype: str = "float32",
+        meta: bool = False,
     ):
-        self.path, self.mask_token_id, self.card_name, self.dtype = path, mask_token_id, card, dtype
+        self.path, self.mask_token_id, self.card, self.dtype = path, mask_token_id, card, dtype
+        self.meta = meta
 
     def load(self) -> LoadedTarget:
-        if not Path(self.path).is_dir():
+        folder = Path(self.path)
+        if self.meta:
+            model, tokenizer = _build_on_meta(folder, self.card, _dtype(self.dtype)), None
+        elif not folder.is_dir():
             raise FileNotFoundError(f"--model.target.init_args.path {self.path!r} is not a folder")
-        model, tokenizer = _load_folder(Path(self.path), _dtype(self.dtype))
-        if self.card_name:
-            card = TargetCard.load(self.card_name)
+        else:
+            model, tokenizer = _load_folder(folder, _dtype(self.dtype))
+        if self.card:
+            card = TargetCard.load(self.card)
         else:
             if self.mask_token_id is None:
                 raise ValueError("--model.target.init_args.mask_token_id is required when no card is named")
-            card = _card_from_model(Path(self.path).name, model, self.mask_token_id)
+            card = _card_from_model(folder.name, model, self.mask_token_id)
         if self.mask_token_id is not None:
             card.mask_token_id = self.mask_token_id
         card.check(model)
-        return LoadedTarget(model, TextTokenizer(tokenizer), card)
+        return LoadedTarget(model, None if tokenizer is None else TextTokenizer(tokenizer), card)
+
+
+def _build_on_meta(folder: Path, card_name: str | None, dtype: torch.dtype) -> nn.Module:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if (folder / "config.json").is_file():
+        config = AutoConfig.from_pretrained(folder)
+    elif card_name and TargetCard.load(card_name).hf_config:
+        fields = dict(TargetCard.load(card_name).hf_config)
+        config = AutoConfig.for_model(fields.pop("model_type"), **fields)
+    else:
+        raise FileNotFoundError(
+            f"--model.target.init_args.meta: no config.json in {str(folder)!r} and no hf_config in the card"
+        )
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(config, dtype=dtype)
 
 
 def _card_from_model(name: str, model: nn.Module, mask_token_id: int) -> TargetCard:

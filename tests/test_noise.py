@@ -1,0 +1,79 @@
+"""Noise reaches the drafter's fc input only: the labels are bit-identical with and without it.
+
+The seeds' v3 added noise in place to the hidden states that the labels were computed from, so the
+drafter was trained on corrupted targets (dflash.md section 5). Here the label source even reads a
+layer that also feeds fc (v3's "61 also feeding the labels"), and the labels must not move.
+"""
+
+import pytest
+import torch
+
+from spec_drafters.data import collate, tokenize
+from spec_drafters.drafter import DrafterConfig
+from spec_drafters.injection import AllTaps
+from spec_drafters.losses import CEKLBlend
+from spec_drafters.module import DFlashModule
+from spec_drafters.noise import FeatureNoise, GaussianNoise, NoNoise, UniformNoise
+from spec_drafters.target_source import LayerLogits
+from spec_drafters.targets import ByteTokenizer, TinyRandom
+
+
+class InPlaceNoise(FeatureNoise):
+    """A careless plugin that mutates its input, as the seeds' v3 code did."""
+
+    def __call__(self, features, generator):
+        return features.add_(torch.rand(features.shape, generator=generator))
+
+
+def module(noise: FeatureNoise) -> DFlashModule:
+    return DFlashModule(
+        target=TinyRandom(num_layers=6),
+        drafter=DrafterConfig(num_layers=1, block_size=4),
+        injection=AllTaps(layer_ids=[1, 3, 4]),
+        target_source=LayerLogits(4),  # labels from a layer that also feeds fc
+        noise=noise,
+        loss=CEKLBlend(alpha=0.15),  # a soft loss, so the target distribution is produced too
+    )
+
+
+def batch():
+    tok = ByteTokenizer()
+    texts = ["def add(a, b):\n    return a + b\n", "for i in range(10):\n    print(i * i)\n"]
+    return collate([tokenize({"text": t}, tok, max_length=48) for t in texts])
+
+
+@pytest.mark.parametrize("noise", [UniformNoise(0.05), GaussianNoise(0.5), InPlaceNoise()])
+def test_labels_are_bit_identical_with_and_without_noise(noise):
+    b = batch()
+    clean = module(NoNoise()).prepare(b, UniformAnchors_(), seed=3, noisy=True)
+    noisy = module(noise).prepare(b, UniformAnchors_(), seed=3, noisy=True)
+    assert torch.equal(noisy.labels, clean.labels)
+    assert torch.equal(noisy.supervised, clean.supervised)
+    assert torch.equal(noisy.target_logits, clean.target_logits)
+    assert not torch.equal(noisy.features, clean.features)  # the drafter's input did change
+    if not isinstance(noise, InPlaceNoise):
+        assert torch.equal(noisy.clean_features, clean.features)
+
+
+def test_noise_is_training_only_and_reproducible():
+    b = batch()
+    m = module(UniformNoise(0.05))
+    val = m.prepare(b, UniformAnchors_(), seed=3, noisy=False)
+    assert torch.equal(val.features, val.clean_features)
+    one = m.prepare(b, UniformAnchors_(), seed=3, noisy=True)
+    two = m.prepare(b, UniformAnchors_(), seed=3, noisy=True)
+    assert torch.equal(one.features, two.features)
+    delta = one.features - one.clean_features
+    assert delta.abs().max() <= 0.05 + 1e-6 and delta.abs().max() > 0.04
+
+
+@pytest.mark.parametrize(("cls", "field"), [(UniformNoise, "amplitude"), (GaussianNoise, "sigma")])
+def test_bad_noise_names_the_flag(cls, field):
+    with pytest.raises(ValueError, match=f"init_args.{field}"):
+        cls(-1.0)
+
+
+def UniformAnchors_():
+    from spec_drafters.anchors import UniformAnchors
+
+    return UniformAnchors(max_anchors=8)
