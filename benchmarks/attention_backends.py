@@ -13,7 +13,7 @@ import torch
 from common import record, timed
 from spec_drafters.anchors import UniformAnchors, build_blocks
 from spec_drafters.drafter import DFlashDrafter, DrafterConfig
-from spec_drafters.masks import DFlashBlockMask
+from spec_drafters.masks import training_mask
 from spec_drafters.registry import entries, load_components
 
 
@@ -34,10 +34,10 @@ def step_fn(attention: str, seq: int, anchors: int, block: int):
     a, ok = UniformAnchors(anchors)(torch.ones((1, seq), dtype=torch.long), block, g)
     _, pos = build_blocks(ids, a, block, 16)
     embeds = torch.randn((1, anchors * block, 576), generator=g)
-    mask = DFlashBlockMask().dense(a, ok, seq, block)
+    mask = training_mask(a, ok, seq, block)
 
     def run():
-        out = drafter(embeds, pos, drafter.encode_context(taps, torch.arange(seq)[None]), mask)
+        out = drafter(embeds, pos, drafter.encode_context(taps, torch.arange(seq)[None]), [mask] * 2)
         out.square().mean().backward()
 
     return run

@@ -107,7 +107,11 @@ def check_argv_components(argv: list[str]) -> None:
 
     for cfg in _configs_from_argv(argv):
         check_components(DFlashModule, cfg.get("model") or {}, "--model")
-        for i, cb in enumerate(((cfg.get("trainer") or {}).get("callbacks")) or []):
+        trainer = cfg.get("trainer")
+        trainer = (
+            trainer if isinstance(trainer, dict) else {}
+        )  # a preset file path is checked by jsonargparse
+        for i, cb in enumerate(trainer.get("callbacks") or []):
             if isinstance(cb, dict) and "class_path" in cb:
                 try:
                     cls = _resolve_class(cb["class_path"])

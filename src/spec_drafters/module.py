@@ -125,7 +125,9 @@ class DFlashModule(pl.LightningModule):
             raise ValueError(f"--model.val_anchors must be >= 1, got {val_anchors}")
         self.val_sampler = UniformAnchors(max_anchors=val_anchors, require_full_block=True)
         self.val_acc = SlotAccuracy(cfg.block_size)
-        self.val_tau = AcceptanceLength()
+        self.val_tau = AcceptanceLength()  # the greedy chain, whatever the verifier
+        # The configured verifier's offline tau, when it is not the chain (e.g. DDTree at budget B).
+        self.val_tau_verifier = None if isinstance(verifier, GreedyChain) else AcceptanceLength()
         self.strict_loading = (
             False  # the frozen target is not in checkpoints; on_load_checkpoint checks the drafter
         )
@@ -229,6 +231,15 @@ class DFlashModule(pl.LightningModule):
         self.val_acc.update(hit[:, :, 1:].reshape(-1, k - 1), ok[:, :, 1:].reshape(-1, k - 1))
         accepted = hit[:, :, 1:].long().cumprod(dim=2).sum(dim=2)  # (b, N): the greedy chain
         self.val_tau.update(accepted, inp.anchor_ok)
+        if self.val_tau_verifier is not None:
+            # Full blocks: the M rows are the valid anchors' K-1 slots, in order.
+            per_block = sb.logits.view(-1, k - 1, sb.logits.shape[-1])  # (A, K-1, V)
+            acc = self.verifier.offline_accepted(
+                per_block, sb.labels.view(-1, k - 1), torch.ones_like(per_block[..., 0], dtype=torch.bool)
+            )  # (A,)
+            tree_accepted = torch.zeros_like(accepted)
+            tree_accepted[inp.anchor_ok] = acc
+            self.val_tau_verifier.update(tree_accepted, inp.anchor_ok)
         self.log("val/loss", parts["loss"], prog_bar=True, batch_size=b)
         for key, value in parts.items():
             if key != "loss":
@@ -243,6 +254,11 @@ class DFlashModule(pl.LightningModule):
             self.log(f"val/{key}", value.item(), prog_bar=key == "tau")
         self.val_acc.reset()
         self.val_tau.reset()
+        if self.val_tau_verifier is not None:
+            name = name_of(self.verifier)
+            for key, value in self.val_tau_verifier.compute().items():
+                self.log(f"val/{key}_{name}", value.item())
+            self.val_tau_verifier.reset()
 
     # --- real decoding ----------------------------------------------------------------------------
     def greedy(self, prompt: list[int], max_new_tokens: int) -> DecodeResult:

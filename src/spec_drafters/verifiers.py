@@ -1,10 +1,15 @@
 """Verifiers (component kind ``verifier``): the acceptance rule for drafts.
 
-Each verifier works offline (teacher-forced: the labels are what the target would have said) and in
-real decoding (the target's argmax over the verified block). DDTree joins in issue 4.
+Each verifier works offline (teacher-forced: the labels are what the target would have said); the
+greedy chain also drives real decoding (the target's argmax over the verified block). DDTree's real
+decoding needs a tree-masked target forward and KV compaction (issue 4); until then it is offline only
+and real decoding with it fails with that message.
 """
 
 from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
 
 import torch
 
@@ -39,3 +44,87 @@ class GreedyChain(Verifier):
         # posterior[i] is the target's token for the position after block token i.
         hit = drafts == posterior[: drafts.shape[0]]
         return int(hit.long().cumprod(0).sum())
+
+
+@dataclass
+class DraftTree:
+    """A draft tree in pop (topological) order; the root, the bonus token, is implicit (index -1)."""
+
+    tokens: list[int]  # token of node i
+    parents: list[int]  # parent node index, -1 for children of the root
+    depths: list[int]  # 1 for children of the root
+    scores: list[float]  # sum of the drafter's log-probabilities along the path
+
+
+def build_tree(top_logprobs: torch.Tensor, top_tokens: torch.Tensor, budget: int) -> DraftTree:
+    """DDTree's best-first construction (Ringel and Romano, arXiv:2604.12989), O(B log B).
+
+    top_logprobs, top_tokens (D, R): per depth, the drafter's R = min(B, V) best tokens, sorted
+    descending. A node is a prefix of rank choices; its score is the sum of its log-probabilities.
+    Popping the best prefix and pushing its next sibling and its first child yields the B most
+    probable prefixes, parents before children.
+    """
+    depth_max, ranks = top_logprobs.shape
+    lp = top_logprobs.tolist()
+    tok = top_tokens.tolist()
+    tree = DraftTree([], [], [], [])
+    heap = [(-lp[0][0], 0, 0, -1, 0.0)]  # (-score, depth - 1, rank, parent node, parent score)
+    while heap and len(tree.tokens) < budget:
+        neg, d, r, parent, parent_score = heapq.heappop(heap)
+        node = len(tree.tokens)
+        tree.tokens.append(tok[d][r])
+        tree.parents.append(parent)
+        tree.depths.append(d + 1)
+        tree.scores.append(-neg)
+        if r + 1 < ranks:  # next sibling: same parent, next rank at this depth
+            heapq.heappush(heap, (-(parent_score + lp[d][r + 1]), d, r + 1, parent, parent_score))
+        if d + 1 < depth_max:  # first child: best rank at the next depth
+            heapq.heappush(heap, (neg - lp[d + 1][0], d + 1, 0, node, -neg))
+    return tree
+
+
+def walk_tree(tree: DraftTree, targets: list[int]) -> int:
+    """Accepted depth: from the root, follow the child whose token is the target's; stop when none is."""
+    children: dict[int, dict[int, int]] = {}
+    for i, (t, p) in enumerate(zip(tree.tokens, tree.parents, strict=True)):
+        children.setdefault(p, {}).setdefault(t, i)
+    node, accepted = -1, 0
+    for want in targets:
+        nxt = children.get(node, {}).get(want)
+        if nxt is None:
+            break
+        node, accepted = nxt, accepted + 1
+    return accepted
+
+
+@register("verifier", "ddtree")
+class DDTree(Verifier):
+    """DDTree: the B most probable prefixes of the drafter's per-slot marginals, verified as a tree.
+
+    Args:
+        budget: B, the number of tree nodes besides the root (the bonus token).
+    """
+
+    def __init__(self, budget: int = 256):
+        if budget < 1:
+            raise ValueError(f"--model.verifier.init_args.budget must be >= 1, got {budget}")
+        self.budget = budget
+
+    def tree(self, draft_logits: torch.Tensor) -> DraftTree:
+        """One block's tree from its drafter logits (K-1, V)."""
+        ranks = min(self.budget, draft_logits.shape[-1])
+        top = torch.log_softmax(draft_logits.float(), dim=-1).topk(ranks, dim=-1)  # (K-1, R)
+        return build_tree(top.values.cpu(), top.indices.cpu(), self.budget)
+
+    def offline_accepted(self, draft_logits, labels, valid):
+        out = []
+        for logits, lab, ok in zip(draft_logits, labels, valid, strict=True):
+            known = int(ok.long().cumprod(0).sum())  # walk only through existing labels
+            out.append(walk_tree(self.tree(logits[:known]), lab[:known].tolist()) if known else 0)
+        return torch.tensor(out, device=labels.device)
+
+    def accepted(self, drafts, posterior):
+        raise NotImplementedError(
+            "ddtree verifies offline (validate) for now; real tree decoding needs the tree-masked target "
+            "forward of issue 4: use greedy_chain for real decoding"
+        )

@@ -1,0 +1,69 @@
+"""Verifiers against independent references: DDTree's tree = the B best prefixes by brute force."""
+
+import itertools
+
+import pytest
+import torch
+
+from spec_drafters.verifiers import DDTree, DraftTree, GreedyChain, walk_tree
+
+
+def brute_force_best_prefixes(logprobs: torch.Tensor, budget: int) -> set[tuple[int, ...]]:
+    """Every prefix of every length, scored by the sum of its tokens' log-probabilities."""
+    depth, vocab = logprobs.shape
+    scored = []
+    for d in range(1, depth + 1):
+        for prefix in itertools.product(range(vocab), repeat=d):
+            scored.append((sum(float(logprobs[i, t]) for i, t in enumerate(prefix)), prefix))
+    scored.sort(reverse=True)
+    return {p for _, p in scored[:budget]}
+
+
+def prefixes(tree: DraftTree) -> set[tuple[int, ...]]:
+    out, paths = set(), {}
+    for i, (t, p) in enumerate(zip(tree.tokens, tree.parents, strict=True)):
+        paths[i] = (paths[p] if p >= 0 else ()) + (t,)
+        out.add(paths[i])
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("budget", [1, 4, 13, 40])
+def test_tree_is_the_budget_best_prefixes(seed, budget):
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn((3, 5), generator=g) * 2  # depth 3, vocabulary 5: 155 prefixes in all
+    tree = DDTree(budget).tree(logits)
+    assert len(tree.tokens) == budget
+    assert prefixes(tree) == brute_force_best_prefixes(torch.log_softmax(logits, -1), budget)
+    assert all(p < i for i, p in enumerate(tree.parents))  # pop order is topological
+    assert tree.scores == sorted(tree.scores, reverse=True)  # best first
+
+
+def test_walk_follows_the_targets_tokens():
+    # root -> 7 (0) -> 8 (2) ; root -> 9 (1) -> 4 (3) -> 5 (4)
+    tree = DraftTree(
+        tokens=[7, 9, 8, 4, 5], parents=[-1, -1, 0, 1, 3], depths=[1, 1, 2, 2, 3], scores=[0] * 5
+    )
+    assert walk_tree(tree, [9, 4, 5, 1]) == 3
+    assert walk_tree(tree, [7, 8, 3]) == 2
+    assert walk_tree(tree, [7, 4]) == 1  # 4 hangs under 9, not under 7
+    assert walk_tree(tree, [3]) == 0
+
+
+@pytest.mark.parametrize("budget", [1, 6, 30])
+def test_offline_ddtree_equals_walking_the_brute_force_tree(budget):
+    g = torch.Generator().manual_seed(budget)
+    logits = torch.randn((40, 3, 5), generator=g) * 2
+    labels = torch.randint(0, 5, (40, 3), generator=g)
+    labels[:20] = logits[:20].argmax(-1)  # half the blocks greedy-correct, so deep walks happen
+    valid = torch.ones_like(labels, dtype=torch.bool)
+    valid[3, 1:] = False  # a block cut short by the end of the data
+    got = DDTree(budget).offline_accepted(logits, labels, valid).tolist()
+    for i in range(40):
+        known = int(valid[i].long().cumprod(0).sum())
+        best = brute_force_best_prefixes(torch.log_softmax(logits[i, :known], -1), budget)
+        want = max([d for d in range(known + 1) if d == 0 or tuple(labels[i, :d].tolist()) in best])
+        assert got[i] == want
+    chain = GreedyChain().offline_accepted(logits, labels, valid)
+    if budget == 1:  # one node: the chain's first draft only
+        assert got == [min(int(c), 1) for c in chain]
