@@ -81,6 +81,18 @@ def test_validate_reads_the_checkpoint_and_beats_the_untrained_drafter(fitted, t
     assert trained["val/tau"] >= 1.0 and untrained["val/tau"] >= 1.0
 
 
+def test_validate_reports_the_chain_and_the_configured_tree_verifier(fitted, tmp_path):
+    (ckpt,) = fitted.rglob("*.ckpt")
+    main(
+        ["validate", "--config", TINY, "--ckpt_path", str(ckpt), "--trainer.logger", "false",
+         "--trainer.default_root_dir", str(tmp_path), "--results", str(tmp_path / "tree.json"),
+         "--model.verifier", "DDTree", "--model.verifier.init_args.budget", "16"]
+    )  # fmt: skip
+    metrics = json.loads((tmp_path / "tree.json").read_text())["metrics"]
+    assert metrics["val/tau"] >= 1.0  # the chain, always
+    assert 1.0 <= metrics["val/tau_ddtree"] <= 4.0 and "val/tau_pooled_ddtree" in metrics
+
+
 def test_a_checkpoint_without_drafter_weights_is_refused(fitted, tmp_path):
     (ckpt,) = fitted.rglob("*.ckpt")
     state = torch.load(ckpt, weights_only=True, map_location="cpu")

@@ -110,3 +110,18 @@ def test_anchor_sampling_rules():
         picked = row[v].tolist()
         assert picked == sorted(set(picked))  # sorted, without replacement
         assert not v[len(picked) :].any()  # valid anchors first
+
+
+def test_drafter_records_the_mask_per_layer_and_checks_the_window():
+    from conftest import tiny_drafter, tiny_target
+
+    target = tiny_target()
+    drafter = tiny_drafter(
+        target, block_size=4, num_layers=3, mask=SlidingWindowMask(window=8, layers=[0, 1])
+    )
+    cfg = drafter.config
+    assert cfg.layer_types == ["sliding_attention", "sliding_attention", "full_attention"]
+    assert cfg.sliding_window == 8 and cfg.causal_block_layers == []
+    assert tiny_drafter(target, mask=CausalBlockMask()).config.causal_block_layers == [0, 1]
+    with pytest.raises(ValueError, match=r"window must be >= block_size \(4\)"):
+        tiny_drafter(target, block_size=4, mask=SlidingWindowMask(window=3, layers=[0]))

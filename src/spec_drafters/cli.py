@@ -20,6 +20,7 @@ import sys
 import typing
 from pathlib import Path
 
+import torch
 import yaml
 from lightning.pytorch.cli import LightningCLI
 
@@ -132,10 +133,28 @@ def _resolve_class(path: str) -> type:
 
 
 # --- LightningCLI ------------------------------------------------------------------------------------
+#: Model arguments that belong to this run, not to the checkpoint: where the target is loaded from (a
+#: path on this machine; its identity is still checked against the checkpoint) and how drafts are
+#: evaluated. Everything else that shapes the drafter comes from the checkpoint.
+RUN_TIME_ARGS = ("target", "verifier", "val_anchors")
+
+
 class SpecDraftersCLI(LightningCLI):
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
         return {k: v for k, v in LightningCLI.subcommands().items() if k in ("fit", "validate", "test")}
+
+    def _parse_ckpt_path(self) -> None:
+        """With ``--ckpt_path``, LightningCLI replaces the model arguments by the checkpoint's, which
+        would silently ignore ``validate --model.verifier DDTree``. Keep this run's RUN_TIME_ARGS."""
+        sub = self.config.get("subcommand")
+        ckpt_path = self.config[sub].get("ckpt_path") if sub else None
+        if not ckpt_path or not Path(ckpt_path).is_file():
+            return
+        hparams = torch.load(ckpt_path, weights_only=True, map_location="cpu").get("hyper_parameters", {})
+        hparams = {k: v for k, v in hparams.items() if k not in RUN_TIME_ARGS and not k.startswith("_")}
+        if hparams:
+            self.config = self.parser.parse_object({sub: {"model": hparams}}, self.config)
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument(

@@ -1,0 +1,140 @@
+"""Every shipped YAML parses and instantiates: model, data module, and the trainer's strategy,
+callbacks and loggers. The seeds' Qwen3.6-27B configs build the target from its card on the meta
+device (no weights); GPU trainer presets are instantiated as objects, not run (no GPU here)."""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from spec_drafters.cli import SpecDraftersCLI, check_argv_components
+from spec_drafters.data import TextDataModule
+from spec_drafters.module import DFlashModule
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+SEEDS = ["dflash_v3", "dflash_v5", "dflash_v6", "ddtree_v6", "experiment_ddtree"]
+
+
+class InstantiateOnly(SpecDraftersCLI):
+    """Parses and instantiates everything LightningCLI would, but builds no Trainer and runs nothing."""
+
+    def instantiate_trainer(self, **kwargs):
+        return self.config_init[self.subcommand]["trainer"]
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        pass
+
+
+def instantiate(*args: str) -> InstantiateOnly:
+    check_argv_components(list(args))
+    return InstantiateOnly(
+        DFlashModule, TextDataModule, args=list(args), parser_kwargs={"default_env": False}
+    )
+
+
+def describe(cli) -> dict:
+    d = cli.model.describe()
+    return {"fc_ids": d["fc_ids"], "taps": d["target"]["tap_ids"], **d["components"], "drafter": d["drafter"]}
+
+
+@pytest.fixture(scope="module")
+def seeds():
+    out = {}
+    for name in SEEDS:
+        cli = instantiate(
+            "fit", "--config", str(CONFIGS / f"{name}.yaml"), "--model.target.init_args.meta=true"
+        )
+        out[name] = cli
+    return out
+
+
+def test_seed_configs_follow_the_seeds_table(seeds):
+    d = {name: describe(cli) for name, cli in seeds.items()}
+    assert (
+        d["dflash_v6"]["fc_ids"] == [1, 16, 31, 46, 61] and d["dflash_v6"]["target_source"] == "model_output"
+    )
+    assert d["dflash_v5"]["fc_ids"] == [1, 16, 31, 46] and d["dflash_v5"]["taps"] == [1, 16, 31, 46, 61]
+    assert (
+        d["dflash_v5"]["target_source"] == "layer_logits"
+        and d["dflash_v3"]["target_source"] == "layer_logits"
+    )
+    assert d["dflash_v3"]["fc_ids"] == [1, 16, 31, 46, 61]  # 61 feeds fc and the labels
+    assert seeds["dflash_v5"].model.target_source.layer_id == 61
+    gammas = {n: seeds[n].model.loss_fn for n in SEEDS}
+    assert gammas["dflash_v6"].gamma == 4.0 and gammas["dflash_v5"].gamma == 7.0
+    assert gammas["dflash_v3"].gamma == 10.0 and gammas["dflash_v3"].alpha == 0.15
+    exp = seeds["experiment_ddtree"].model
+    assert (
+        d["experiment_ddtree"]["loss"] == "cap"
+        and exp.loss_fn.main.alpha == 0.15
+        and exp.loss_fn.main.gamma == 10
+    )
+    assert d["experiment_ddtree"]["drafter"]["layer_types"] == ["sliding_attention"] * 4 + ["full_attention"]
+    assert d["experiment_ddtree"]["drafter"]["sliding_window"] == 2048
+    assert d["experiment_ddtree"]["drafter"]["block_size"] == 32 and exp.anchors.max_anchors == 1024
+    assert d["ddtree_v6"]["verifier"] == "ddtree" and d["dflash_v6"]["verifier"] == "greedy_chain"
+    for name in SEEDS:
+        assert d[name]["noise"] == "uniform"
+
+
+def test_seed_drafter_matches_the_z_lab_reference_size(seeds):
+    """z-lab's Qwen3.6-27B drafter has 1730M parameters (dflash.md section 5), fc [5120, 25600]."""
+    drafter = seeds["dflash_v6"].model.drafter
+    assert drafter.fc.weight.shape == (5120, 25600) and drafter.fc.weight.is_meta
+    assert round(sum(p.numel() for p in drafter.parameters()) / 1e6) == 1730
+    assert seeds["dflash_v5"].model.drafter.fc.weight.shape == (5120, 20480)  # the 4-layer fc
+    target = seeds["dflash_v6"].model.target
+    assert target.num_layers == 64 and target.hidden_size == 5120 and target.vocab_size == 248320
+
+
+def test_training_preset_builds_fsdp_on_8_gpus(seeds):
+    trainer = seeds["dflash_v6"].trainer
+    assert trainer.accelerator == "gpu" and trainer.devices == 8 and trainer.precision == "bf16-mixed"
+    strategy = trainer.strategy
+    assert type(strategy).__name__ == "FSDPStrategy"
+    assert strategy.kwargs["use_orig_params"] is True  # frozen target + trainable drafter in one unit
+    assert any(getattr(c, "__name__", "") == "ModelCheckpoint" or type(c).__name__ == "ModelCheckpoint"
+               for c in trainer.callbacks)  # fmt: skip
+
+
+def test_eval_preset_builds_fsdp_on_2_gpus():
+    cli = instantiate(
+        "validate",
+        "--config", str(CONFIGS / "ddtree_v6.yaml"),
+        "--trainer", str(CONFIGS / "presets" / "eval_2x_a6000.yaml"),
+        "--model.target.init_args.meta=true",
+    )  # fmt: skip
+    assert cli.trainer.devices == 2 and cli.trainer.precision == "bf16-true"
+    assert type(cli.trainer.strategy).__name__ == "FSDPStrategy"
+
+
+@pytest.mark.parametrize("name", ["dflash_v3", "dflash_v5", "dflash_v6", "experiment_ddtree"])
+def test_twins_make_the_same_choices_as_their_seed_config(seeds, name):
+    twin = describe(instantiate("fit", "--config", str(CONFIGS / "twins" / f"{name}.yaml")))
+    seed = describe(seeds[name])
+    for kind in ("injection", "target_source", "noise", "loss", "mask", "anchors"):
+        assert twin[kind] == seed[kind], kind
+    assert len(twin["fc_ids"]) == len(seed["fc_ids"]) and len(twin["taps"]) == len(seed["taps"])
+    assert twin["drafter"]["block_size"] * 2 == seed["drafter"]["block_size"]
+
+
+def test_quickstart_instantiates():
+    cli = instantiate("fit", "--config", str(CONFIGS / "quickstart.yaml"))
+    assert describe(cli)["fc_ids"] == [1, 8, 14, 20, 27]
+    assert not any(p.is_meta for p in cli.model.drafter.parameters())
+
+
+def test_every_yaml_is_covered():
+    shipped = {p.relative_to(CONFIGS).as_posix() for p in CONFIGS.rglob("*.yaml")}
+    covered = {f"{n}.yaml" for n in SEEDS} | {f"twins/{n}.yaml" for n in SEEDS if n != "ddtree_v6"}
+    covered |= {"quickstart.yaml", "presets/train_8x_blackwell_fsdp.yaml", "presets/eval_2x_a6000.yaml"}
+    covered |= {"presets/cpu_twin.yaml"}
+    assert shipped == covered, shipped ^ covered
+
+
+def test_meta_target_cannot_be_trained_by_accident():
+    with torch.device("cpu"):
+        cli = instantiate(
+            "fit", "--config", str(CONFIGS / "dflash_v6.yaml"), "--model.target.init_args.meta=true"
+        )
+    assert all(p.is_meta for p in cli.model.target.parameters())
