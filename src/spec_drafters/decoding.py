@@ -1,12 +1,16 @@
 """Real decoding: plain greedy, and greedy speculative decoding with a DFlash drafter (batch size 1).
 
-One round of speculative decoding (dflash.md section 3):
+One round of speculative decoding (dflash.md sections 3 and 4):
   1. the drafter reads the committed context (its cache) and the block [bonus, MASK x (K-1)] at
-     positions start..start+K-1, and proposes K-1 tokens (argmax);
-  2. the target verifies [bonus, drafts] in one forward with its KV cache;
-  3. the verifier accepts a drafts; the target's token after them is the next bonus; a + 1 tokens
-     are committed; the target cache is cropped to them and the drafter's context grows by their
-     tapped features.
+     positions start..start+K-1 and gives per-slot logits; the verifier turns them into a draft tree
+     (the greedy chain is a tree whose nodes each have one child; DDTree keeps the B most probable
+     prefixes);
+  2. the target verifies [bonus, nodes] in one forward with its KV cache: a chain with the usual
+     causal mask, a tree with the tree mask (each node sees the context, its ancestors and itself)
+     and position ids start + depth;
+  3. from the bonus, follow the child whose token is the target's greedy token; the target's token
+     after the last accepted node is the next bonus; the target cache keeps the accepted path and
+     the drafter's context grows by the path's tapped features.
 The output equals the target's own greedy decoding token for token: every committed token is one
 the target chose given exactly the committed prefix.
 """
@@ -103,8 +107,9 @@ def speculative_generate(
     device = target.embed_tokens.weight.device
     eos = set(eos_ids)
 
-    def features(out, upto: int) -> torch.Tensor:
-        return torch.cat([out.taps[i][:, :upto] for i in fc_ids], dim=-1)  # (1, T, n*H)
+    def features(out, nodes: list[int]) -> torch.Tensor:
+        idx = torch.tensor(nodes, device=device)
+        return torch.cat([out.taps[i][:, idx] for i in fc_ids], dim=-1)  # (1, T, n*H)
 
     cache = new_cache(target)
     out = target(
@@ -114,34 +119,93 @@ def speculative_generate(
         use_cache=True,
     )
     context = ContextCache(drafter)
-    context.append(features(out, len(prompt)))  # positions 0..P-1
+    context.append(features(out, list(range(len(prompt)))))  # positions 0..P-1
     bonus = int(target.head(out.hidden[:, -1]).argmax(-1))
     tokens, done = _finish([bonus], max_new_tokens, eos)
     accept_lengths: list[int] = []
     start = len(prompt)  # position of the bonus token
     while not done:
-        size = min(cfg.block_size, max_new_tokens - len(tokens))  # a round commits <= size tokens
-        block = torch.full((1, size), cfg.mask_token_id, device=device)
-        block[0, 0] = bonus
-        if size > 1:
-            block[0, 1:] = _draft(target, drafter, context, block, start)
-        out = target(block, position_ids=_positions(start, size, device), cache=cache, use_cache=True)
-        posterior = target.head(out.hidden).argmax(-1)[0]  # (size,) target's token after each block token
-        a = verifier.accepted(block[0, 1:], posterior)
-        committed = [*block[0, 1 : 1 + a].tolist(), int(posterior[a])]  # a drafts + the next bonus
-        crop_cache(cache, start + a + 1)  # keep the bonus and the accepted drafts
-        context.append(features(out, a + 1))  # their tapped features join the drafter's context
-        accept_lengths.append(a + 1)
+        # A round commits at most depth + 1 tokens; never draft past the budget.
+        depth = min(cfg.block_size, max_new_tokens - len(tokens)) - 1
+        tree = verifier.propose(_draft_logits(target, drafter, context, bonus, start, depth))
+        ids = [bonus, *tree.tokens]  # node 0 is the bonus (the root)
+        parents = [-1, *(p + 1 for p in tree.parents)]
+        depths = [0, *tree.depths]
+        block = torch.tensor([ids], device=device)
+        if tree.is_chain:  # positions start.. and the cache's causal mask are the chain's tree mask
+            out = target(block, position_ids=_positions(start, len(ids), device), cache=cache, use_cache=True)
+        else:
+            out = target(
+                block,
+                position_ids=torch.tensor([depths], device=device) + start,
+                attention_mask=tree_attention_mask(start, parents, target.embed_tokens.weight.dtype, device),
+                cache=cache,
+                use_cache=True,
+            )
+        posterior = target.head(out.hidden).argmax(-1)[0].tolist()  # target's token after each node
+        path = accept_path(ids, parents, posterior)  # [0, ...]: the root and the accepted nodes
+        committed = [*(ids[i] for i in path[1:]), posterior[path[-1]]]  # accepted drafts + next bonus
+        keep_cache(cache, start, path)  # the target cache holds the committed path only
+        context.append(features(out, path))  # their tapped features join the drafter's context
+        accept_lengths.append(len(path))
         tokens, done = _finish(tokens + committed, max_new_tokens, eos)
-        start += a + 1
+        start += len(path)
         bonus = committed[-1]
     return DecodeResult(tokens, time.perf_counter() - t0, accept_lengths)
 
 
-def _draft(
-    target: FrozenTarget, drafter: DFlashDrafter, context: ContextCache, block: torch.Tensor, start: int
-):
-    """One drafter pass over [bonus, MASK...] at positions start.. -> the argmax drafts (size-1,)."""
-    size = block.shape[1]
-    hidden = drafter(target.embed(block), _positions(start, size, block.device), context.kv)  # (1, size, H)
-    return target.head(hidden[:, 1:]).argmax(-1)[0]  # (size-1,)
+def _draft_logits(
+    target: FrozenTarget, drafter: DFlashDrafter, context: ContextCache, bonus: int, start: int, depth: int
+) -> torch.Tensor:
+    """One drafter pass over [bonus, MASK x depth] at positions start.. -> logits of the drafts (depth, V)."""
+    device = target.embed_tokens.weight.device
+    if depth == 0:
+        return torch.empty((0, target.vocab_size), device=device)
+    block = torch.full((1, depth + 1), drafter.config.mask_token_id, device=device)
+    block[0, 0] = bonus
+    hidden = drafter(target.embed(block), _positions(start, depth + 1, device), context.kv)  # (1, D+1, H)
+    return target.head(hidden[0, 1:])  # (D, V)
+
+
+def accept_path(ids: list[int], parents: list[int], posterior: list[int]) -> list[int]:
+    """From the root (node 0), follow the child whose token is the target's next token; stop when none is.
+
+    ``posterior[i]`` is the target's greedy token after node i (the target saw node i's ancestors and
+    itself). Returns the node indices of the accepted path, the root first.
+    """
+    children: dict[int, dict[int, int]] = {}
+    for i in range(1, len(ids)):
+        children.setdefault(parents[i], {}).setdefault(ids[i], i)
+    path = [0]
+    while (nxt := children.get(path[-1], {}).get(posterior[path[-1]])) is not None:
+        path.append(nxt)
+    return path
+
+
+def tree_attention_mask(ctx_len: int, parents: list[int], dtype: torch.dtype, device) -> torch.Tensor:
+    """Additive (1, 1, T, ctx + T) mask: node i sees the committed context, its ancestors and itself."""
+    t = len(parents)
+    sees = torch.zeros((t, t), dtype=torch.bool)
+    for i, p in enumerate(parents):  # parents come before children (pop order)
+        if p >= 0:
+            sees[i] = sees[p]
+        sees[i, i] = True
+    allowed = torch.cat([torch.ones((t, ctx_len), dtype=torch.bool), sees], dim=1).to(device)
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
+    return mask.masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
+
+
+def keep_cache(cache, start: int, path: list[int]) -> None:
+    """Keeps the first ``start`` positions and the path's nodes (indices from ``start``) in a KV cache."""
+    if path == list(range(len(path))):  # a chain prefix: cropping is enough
+        crop_cache(cache, start + len(path))
+        return
+    for layer in cache.layers:
+        if not (hasattr(layer, "keys") and type(layer).__name__ == "DynamicLayer"):
+            raise TypeError(
+                f"tree verification compacts a plain attention KV cache; this target's cache has "
+                f"{type(layer).__name__} layers (recurrent or sliding-window state cannot branch)"
+            )
+        keep = torch.cat([torch.arange(start), start + torch.tensor(path)]).to(layer.keys.device)
+        layer.keys = layer.keys.index_select(-2, keep)
+        layer.values = layer.values.index_select(-2, keep)

@@ -1,9 +1,8 @@
 """Verifiers (component kind ``verifier``): the acceptance rule for drafts.
 
-Each verifier works offline (teacher-forced: the labels are what the target would have said); the
-greedy chain also drives real decoding (the target's argmax over the verified block). DDTree's real
-decoding needs a tree-masked target forward and KV compaction (issue 4); until then it is offline only
-and real decoding with it fails with that message.
+Each verifier works offline (teacher-forced: the labels are what the target would have said) and in
+real decoding, where it turns one drafter pass into a draft tree (``propose``) that the target checks
+in one forward (decoding.py). The greedy chain is the tree whose nodes each have one child.
 """
 
 from __future__ import annotations
@@ -27,8 +26,8 @@ class Verifier:
         """Accepted drafts per block, teacher-forced: logits (B, K-1, V), labels/valid (B, K-1) -> (B,)."""
         raise NotImplementedError
 
-    def accepted(self, drafts: torch.Tensor, posterior: torch.Tensor) -> int:
-        """Accepted drafts in real decoding: drafts (K-1,), target argmax at the block's K positions (K,)."""
+    def propose(self, draft_logits: torch.Tensor) -> DraftTree:
+        """The draft tree of one drafter pass, from its per-slot logits (D, V), D = K-1 or fewer."""
         raise NotImplementedError
 
 
@@ -40,10 +39,10 @@ class GreedyChain(Verifier):
         hit = (draft_logits.argmax(-1) == labels) & valid  # (B, K-1)
         return hit.long().cumprod(dim=1).sum(dim=1)  # (B,)
 
-    def accepted(self, drafts, posterior):
-        # posterior[i] is the target's token for the position after block token i.
-        hit = drafts == posterior[: drafts.shape[0]]
-        return int(hit.long().cumprod(0).sum())
+    def propose(self, draft_logits):
+        d = draft_logits.shape[0]
+        tokens = draft_logits.argmax(-1).tolist()
+        return DraftTree(tokens, list(range(-1, d - 1)), list(range(1, d + 1)), [0.0] * d)
 
 
 @dataclass
@@ -54,6 +53,10 @@ class DraftTree:
     parents: list[int]  # parent node index, -1 for children of the root
     depths: list[int]  # 1 for children of the root
     scores: list[float]  # sum of the drafter's log-probabilities along the path
+
+    @property
+    def is_chain(self) -> bool:
+        return self.parents == list(range(-1, len(self.parents) - 1))
 
 
 def build_tree(top_logprobs: torch.Tensor, top_tokens: torch.Tensor, budget: int) -> DraftTree:
@@ -68,6 +71,8 @@ def build_tree(top_logprobs: torch.Tensor, top_tokens: torch.Tensor, budget: int
     lp = top_logprobs.tolist()
     tok = top_tokens.tolist()
     tree = DraftTree([], [], [], [])
+    if depth_max == 0 or ranks == 0:
+        return tree
     heap = [(-lp[0][0], 0, 0, -1, 0.0)]  # (-score, depth - 1, rank, parent node, parent score)
     while heap and len(tree.tokens) < budget:
         neg, d, r, parent, parent_score = heapq.heappop(heap)
@@ -123,8 +128,5 @@ class DDTree(Verifier):
             out.append(walk_tree(self.tree(logits[:known]), lab[:known].tolist()) if known else 0)
         return torch.tensor(out, device=labels.device)
 
-    def accepted(self, drafts, posterior):
-        raise NotImplementedError(
-            "ddtree verifies offline (validate) for now; real tree decoding needs the tree-masked target "
-            "forward of issue 4: use greedy_chain for real decoding"
-        )
+    def propose(self, draft_logits):
+        return self.tree(draft_logits)
