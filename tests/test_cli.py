@@ -162,12 +162,34 @@ def test_validate_runs_real_speculative_decoding_on_humaneval_prompts(fitted, tm
          "--trainer.logger", "CSVLogger", "--trainer.logger.save_dir", str(tmp_path),
          "--trainer.default_root_dir", str(tmp_path), "--results", str(tmp_path / "r.json"),
          "--trainer.callbacks+=SpeculativeDecodingEval", "--trainer.callbacks.max_new_tokens", "16",
-         "--trainer.callbacks.prompts", "HumanEvalPrompts", "--trainer.callbacks.prompts.num_prompts", "3"]
+         "--trainer.callbacks.prompts", "HumanEvalPrompts", "--trainer.callbacks.prompts.num_prompts", "3",
+         "--trainer.callbacks.verifiers", "[{class_path: DDTree, init_args: {budget: 8}}]",
+         "--trainer.callbacks.prompt_lookup_tokens", "3"]
     )  # fmt: skip
     metrics = json.loads((tmp_path / "r.json").read_text())["metrics"]
-    assert metrics["decode/lossless"] == 1.0 and metrics["decode/prompts"] == 3
-    assert metrics["decode/tau"] >= 1.0 and metrics["decode/speedup"] > 0
+    assert metrics["decode/prompts"] == 3
+    for suffix in ("", "_ddtree_b8", "_prompt_lookup"):
+        assert metrics[f"decode/lossless{suffix}"] == 1.0, suffix
+        assert metrics[f"decode/tau{suffix}"] >= 1.0 and metrics[f"decode/speedup{suffix}"] > 0
     (rows,) = tmp_path.rglob("decode.jsonl")
     per_prompt = [json.loads(line) for line in rows.read_text().splitlines()]
-    assert len(per_prompt) == 3 and all(0 < r["new_tokens"] <= 16 for r in per_prompt)
-    assert all(sum(r["accept_lengths"]) + 1 >= r["new_tokens"] for r in per_prompt)
+    assert len(per_prompt) == 3 and all(0 < r["tokens"] <= 16 for r in per_prompt)
+    assert all(sum(r["accept_lengths"]) + 1 >= r["tokens"] for r in per_prompt)
+    assert all(r["rounds_prompt_lookup"] >= 1 for r in per_prompt)
+
+
+def test_generate_decodes_prompts_with_the_chosen_verifier(fitted, tmp_path, capsys):
+    (ckpt,) = fitted.rglob("*.ckpt")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "def add(a, b):"}\n{"text": "for i in range(3):"}\n')
+    out = tmp_path / "gen.jsonl"
+    main(
+        ["generate", "--config", TINY, "--ckpt_path", str(ckpt), "--prompts", str(prompts),
+         "--max_new_tokens", "12", "--out", str(out), "--model.target.init_args.dtype", "float64",
+         "--model.verifier", "DDTree", "--model.verifier.init_args.budget", "8"]
+    )  # fmt: skip
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(rows) == 2 and all(r["lossless"] and r["verifier"] == "ddtree" for r in rows)
+    assert all(0 < r["new_tokens"] <= 12 and r["tau"] >= 1 for r in rows)
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["prompts"] == 2 and summary["lossless"] == 1.0 and summary["verifier"] == "ddtree"

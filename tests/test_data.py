@@ -45,3 +45,16 @@ def test_shipped_corpus_is_disjoint_from_humaneval_and_split():
     ids = [r["id"] for r in records]
     assert len(set(ids)) == len(ids)
     assert all(r["response"].strip() for r in records[:50])
+
+
+def test_prompt_files_name_the_bad_line(tmp_path):
+    from spec_drafters.prompts import JsonlPrompts
+
+    good = tmp_path / "p.jsonl"
+    good.write_text('{"prompt": "a"}\n\n{"text": "b"}\n{"prompt": "c"}\n')
+    assert JsonlPrompts(str(good)).prompts() == ["a", "b", "c"]
+    assert JsonlPrompts(str(good), limit=2).prompts() == ["a", "b"]
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt": "a"}\n{"response": "no prompt"}\n')
+    with pytest.raises(ValueError, match=r"bad.jsonl:2: a prompt record needs"):
+        JsonlPrompts(str(bad)).prompts()

@@ -1,21 +1,64 @@
 """Real speculative decoding as a validation callback: tau, tokens/s and losslessness on real prompts.
 
 Teacher-forced metrics (module.py) say how well the drafter predicts the target's labels; this says
-what actually happens when the drafter drives the target: each prompt is decoded twice, by the
-target alone (plain greedy) and with the drafter and the verifier, and the two outputs must match.
+what actually happens when the drafter drives the target: each prompt is decoded by the target alone
+(plain greedy), then with the drafter under each verifier (the module's, plus any listed here), and
+optionally by transformers' prompt-lookup decoding, the drafter-free baseline users would otherwise
+pick. Every output must equal the plain greedy one.
+
+Metrics: ``decode/<metric>`` for the module's verifier, ``decode/<metric>_<label>`` for the others
+(label: registry name, plus ``_b<budget>`` for DDTree), ``decode/<metric>_prompt_lookup``.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import lightning.pytorch as pl
+import torch
 from jsonargparse import lazy_instance
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
+from spec_drafters.decoding import DecodeResult, speculative_generate
 from spec_drafters.prompts import HumanEvalPrompts, PromptSet
+from spec_drafters.registry import name_of
+from spec_drafters.verifiers import Verifier
+
+
+def verifier_label(verifier: Verifier) -> str:
+    return name_of(verifier) + (f"_b{verifier.budget}" if hasattr(verifier, "budget") else "")
+
+
+@torch.no_grad()
+def prompt_lookup_generate(module, prompt: list[int], max_new_tokens: int, num_tokens: int) -> DecodeResult:
+    """transformers' prompt-lookup decoding (n-gram drafts copied from the prompt), greedy.
+
+    tau is counted like ours: tokens after the first, per target forward after the prefill.
+    """
+    model = module.target.model
+    calls = []
+    hook = model.register_forward_hook(lambda *_: calls.append(1))
+    eos = module.card.eos_token_ids
+    ids = torch.tensor([prompt], device=module.target.embed_tokens.weight.device)
+    t0 = time.perf_counter()
+    try:
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            max_new_tokens=max_new_tokens,
+            prompt_lookup_num_tokens=num_tokens,
+            eos_token_id=eos or None,
+            pad_token_id=eos[0] if eos else 0,
+        )
+    finally:
+        hook.remove()
+    seconds = time.perf_counter() - t0
+    tokens = out[0, len(prompt) :].tolist()
+    return DecodeResult(tokens, seconds, verify_forwards=max(1, len(calls) - 1))  # prefill excluded
 
 
 class SpeculativeDecodingEval(pl.Callback):
@@ -24,6 +67,9 @@ class SpeculativeDecodingEval(pl.Callback):
     Args:
         prompts: the evaluation prompts (HumanEval by default).
         max_new_tokens: tokens generated per prompt.
+        verifiers: more verifiers to decode with besides the module's (e.g. DDTree at several budgets).
+        prompt_lookup_tokens: also run transformers' prompt-lookup decoding with this many draft
+            tokens per round (null: skip).
         during_fit: also run at the end of every validation inside ``fit`` (slow on CPU).
         output: per-prompt results (JSONL) written into the logger's folder; null to skip.
     """
@@ -32,53 +78,76 @@ class SpeculativeDecodingEval(pl.Callback):
         self,
         prompts: PromptSet = lazy_instance(HumanEvalPrompts, num_prompts=10),
         max_new_tokens: int = 64,
+        verifiers: list[Verifier] | None = None,
+        prompt_lookup_tokens: int | None = None,
         during_fit: bool = False,
         output: str | None = "decode.jsonl",
     ):
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        self.prompts, self.max_new_tokens, self.during_fit, self.output = (
-            prompts,
-            max_new_tokens,
-            during_fit,
-            output,
-        )
+        if prompt_lookup_tokens is not None and prompt_lookup_tokens < 1:
+            raise ValueError(f"prompt_lookup_tokens must be >= 1 or null, got {prompt_lookup_tokens}")
+        self.prompts, self.max_new_tokens = prompts, max_new_tokens
+        self.verifiers = list(verifiers or [])
+        self.prompt_lookup_tokens = prompt_lookup_tokens
+        self.during_fit, self.output = during_fit, output
         self.last: dict[str, float] = {}
+
+    def _decoders(self, module) -> dict[str, object]:
+        """suffix -> a function prompt -> DecodeResult."""
+        out = {"": lambda p: module.speculate(p, self.max_new_tokens)}
+        for v in self.verifiers:
+            out["_" + verifier_label(v)] = lambda p, v=v: speculative_generate(
+                module.target,
+                module.drafter,
+                module.fc_ids,
+                v,
+                p,
+                self.max_new_tokens,
+                module.card.eos_token_ids,
+            )
+        if self.prompt_lookup_tokens:
+            n = self.prompt_lookup_tokens
+            out["_prompt_lookup"] = lambda p: prompt_lookup_generate(module, p, self.max_new_tokens, n)
+        return out
 
     def on_validation_epoch_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
         if trainer.sanity_checking or (trainer.state.fn == TrainerFn.FITTING and not self.during_fit):
             return
+        decoders = self._decoders(module)
         rows = []
         for i, text in enumerate(self.prompts.prompts()):
             prompt = module.tokenizer.encode(text)
             plain = module.greedy(prompt, self.max_new_tokens)
-            spec = module.speculate(prompt, self.max_new_tokens)
-            rows.append(
-                {
-                    "prompt": i,
-                    "prompt_tokens": len(prompt),
-                    "new_tokens": len(spec.tokens),
-                    "rounds": spec.rounds,
-                    "tau": spec.tau,
-                    "tokens_per_s": spec.tokens_per_s,
-                    "greedy_tokens_per_s": plain.tokens_per_s,
-                    "lossless": spec.tokens == plain.tokens,
-                    "accept_lengths": spec.accept_lengths,
-                }
+            row = {"prompt": i, "prompt_tokens": len(prompt), "greedy_tokens": len(plain.tokens)}
+            row["greedy_tokens_per_s"] = plain.tokens_per_s
+            for suffix, decode in decoders.items():
+                spec = decode(prompt)
+                row[f"tokens{suffix}"] = len(spec.tokens)
+                row[f"rounds{suffix}"] = spec.rounds
+                row[f"committed{suffix}"] = spec.committed
+                row[f"tau{suffix}"] = spec.tau
+                row[f"seconds{suffix}"] = spec.seconds
+                row[f"lossless{suffix}"] = spec.tokens == plain.tokens
+                if spec.accept_lengths:
+                    row[f"accept_lengths{suffix}"] = spec.accept_lengths
+            row["greedy_seconds"] = plain.seconds
+            rows.append(row)
+        self.last = {"decode/prompts": float(len(rows))}
+        plain_time = sum(r["greedy_seconds"] for r in rows)
+        plain_tokens = sum(r["greedy_tokens"] for r in rows)
+        self.last["decode/greedy_tokens_per_s"] = plain_tokens / plain_time
+        for suffix in decoders:
+            spec_time = sum(r[f"seconds{suffix}"] for r in rows)
+            spec_tokens = sum(r[f"tokens{suffix}"] for r in rows)
+            self.last[f"decode/tau{suffix}"] = sum(r[f"tau{suffix}"] for r in rows) / len(rows)
+            committed = sum(r[f"committed{suffix}"] for r in rows)
+            self.last[f"decode/tau_pooled{suffix}"] = committed / max(
+                1, sum(r[f"rounds{suffix}"] for r in rows)
             )
-        n = len(rows)
-        spec_tokens = sum(r["new_tokens"] for r in rows)
-        spec_time = sum(r["new_tokens"] / r["tokens_per_s"] for r in rows)
-        plain_time = sum(r["new_tokens"] / r["greedy_tokens_per_s"] for r in rows)
-        self.last = {
-            "decode/tau": sum(r["tau"] for r in rows) / n,
-            "decode/tau_pooled": sum(sum(r["accept_lengths"]) for r in rows) / sum(r["rounds"] for r in rows),
-            "decode/tokens_per_s": spec_tokens / spec_time,
-            "decode/greedy_tokens_per_s": spec_tokens / plain_time,
-            "decode/speedup": plain_time / spec_time,
-            "decode/lossless": sum(r["lossless"] for r in rows) / n,
-            "decode/prompts": float(n),
-        }
+            self.last[f"decode/tokens_per_s{suffix}"] = spec_tokens / spec_time
+            self.last[f"decode/speedup{suffix}"] = (spec_tokens / spec_time) / (plain_tokens / plain_time)
+            self.last[f"decode/lossless{suffix}"] = sum(r[f"lossless{suffix}"] for r in rows) / len(rows)
         for key, value in self.last.items():
             module.log(key, value, rank_zero_only=True)
         if self.output and trainer.log_dir:
@@ -86,8 +155,8 @@ class SpeculativeDecodingEval(pl.Callback):
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text("".join(json.dumps(r) + "\n" for r in rows))
             rank_zero_info(f"per-prompt decoding results: {path}")
-        broken = [r["prompt"] for r in rows if not r["lossless"]]
+        broken = sorted({(s or "_verifier")[1:] for r in rows for s in decoders if not r[f"lossless{s}"]})
         if broken:
             # Greedy speculative decoding is lossless by construction; a mismatch means a bug or a
             # near-tie flipped by the different float summation order of a K-token verify forward.
-            rank_zero_warn(f"speculative output differs from the target's greedy output on prompts {broken}")
+            rank_zero_warn(f"outputs differ from the target's greedy output for: {', '.join(broken)}")

@@ -2,6 +2,7 @@
 
     spec-drafters fit --config configs/quickstart.yaml
     spec-drafters validate --config configs/quickstart.yaml --ckpt_path runs/quickstart/checkpoints/last.ckpt
+    spec-drafters generate --config CONFIG --ckpt_path CKPT (--prompt TEXT | --prompts FILE | --humaneval N)
     spec-drafters registry [--json]
     spec-drafters compare untrained.json trained.json
     spec-drafters corpus --out data/stdlib_smollm2.jsonl.gz
@@ -24,7 +25,15 @@ import torch
 import yaml
 from lightning.pytorch.cli import LightningCLI
 
-from spec_drafters.registry import KINDS, UnknownComponentError, entries, load_components, lookup, valid_names
+from spec_drafters.registry import (
+    KINDS,
+    UnknownComponentError,
+    entries,
+    load_components,
+    lookup,
+    name_of,
+    valid_names,
+)
 
 
 # --- component-name checks ------------------------------------------------------------------------
@@ -136,7 +145,7 @@ def _resolve_class(path: str) -> type:
 #: Model arguments that belong to this run, not to the checkpoint: where the target is loaded from (a
 #: path on this machine; its identity is still checked against the checkpoint) and how drafts are
 #: evaluated. Everything else that shapes the drafter comes from the checkpoint.
-RUN_TIME_ARGS = ("target", "verifier", "val_anchors")
+RUN_TIME_ARGS = ("target", "verifier", "eval_verifiers", "val_anchors", "val_target_source")
 
 
 class SpecDraftersCLI(LightningCLI):
@@ -172,7 +181,9 @@ class SpecDraftersCLI(LightningCLI):
         payload = {
             "subcommand": self.subcommand,
             "ckpt_path": self.config[self.subcommand].get("ckpt_path"),
+            "last_checkpoint": getattr(self.trainer.checkpoint_callback, "last_model_path", None) or None,
             "metrics": metrics,
+            "calibration": getattr(self.model, "calibration", {}),
             "drafter": self.model.describe(),
         }
         Path(path).parent.mkdir(parents=True, exist_ok=True)
@@ -206,6 +217,123 @@ def run_lightning(argv: list[str]) -> None:
         save_config_kwargs={"overwrite": True},
         parser_kwargs={"default_env": False},
     )
+
+
+# --- generate ----------------------------------------------------------------------------------------
+class _LoadOnly(SpecDraftersCLI):
+    """Parses a validate command line (config, overrides, --ckpt_path) and builds the module; runs nothing."""
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        pass
+
+
+def load_module(argv: list[str]):
+    """A DFlashModule from LightningCLI arguments, with the checkpoint's drafter weights loaded."""
+    from spec_drafters import callbacks  # noqa: F401
+    from spec_drafters.data import TextDataModule
+    from spec_drafters.module import DFlashModule
+
+    load_components()
+    try:
+        check_argv_components(argv)
+    except UnknownComponentError as e:
+        sys.exit(f"spec-drafters: error: {e}")
+    cli = _LoadOnly(
+        DFlashModule,
+        TextDataModule,
+        args=["validate", *argv, "--trainer.logger=false", "--trainer.enable_progress_bar=false"],
+        parser_kwargs={"default_env": False},
+    )
+    module = cli.model
+    ckpt_path = cli.config["validate"].get("ckpt_path")
+    if ckpt_path:
+        ckpt = torch.load(ckpt_path, weights_only=True, map_location="cpu")
+        module.on_load_checkpoint(ckpt)  # checks the drafter keys and the target's identity
+        module.load_state_dict(ckpt["state_dict"], strict=False)
+    else:
+        print("spec-drafters generate: no --ckpt_path, the drafter is untrained", file=sys.stderr)
+    module.drafter.to(module.target.embed_tokens.weight.dtype)  # serve in the target's dtype
+    return module.eval()
+
+
+def generate(argv: list[str]) -> None:
+    """``spec-drafters generate``: prompts through the target with the drafter and a chosen verifier."""
+    import argparse
+
+    from spec_drafters.prompts import HumanEvalPrompts, JsonlPrompts
+
+    ap = argparse.ArgumentParser(
+        prog="spec-drafters generate",
+        description="Decode prompts with the target, the drafter and the configured verifier "
+        "(--model.verifier); every other argument (--config, --ckpt_path, --model.*) is LightningCLI's.",
+    )
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", action="append", help="a prompt (repeatable)")
+    src.add_argument("--prompts", help="a JSONL file of records with a 'prompt' (or 'text') field")
+    src.add_argument("--humaneval", type=int, metavar="N", help="N HumanEval problems, evenly spaced")
+    ap.add_argument("--max_new_tokens", type=int, default=64)
+    ap.add_argument("--out", help="write outputs and per-prompt statistics to this JSONL file")
+    ap.add_argument(
+        "--no_greedy", action="store_true", help="skip the plain greedy run (no speedup, no check)"
+    )
+    args, rest = ap.parse_known_args(argv)
+    if args.max_new_tokens < 1:
+        ap.error(f"--max_new_tokens must be >= 1, got {args.max_new_tokens}")
+    texts = (
+        args.prompt
+        if args.prompt
+        else JsonlPrompts(args.prompts).prompts()
+        if args.prompts
+        else HumanEvalPrompts(args.humaneval).prompts()
+    )
+    module = load_module(rest)
+    verifier = name_of(module.verifier)
+    rows = []
+    for i, text in enumerate(texts):
+        prompt = module.tokenizer.encode(text)
+        spec = module.speculate(prompt, args.max_new_tokens)
+        row = {
+            "prompt": i,
+            "verifier": verifier,
+            "prompt_tokens": len(prompt),
+            "output": module.tokenizer.decode(spec.tokens),
+            "new_tokens": len(spec.tokens),
+            "rounds": spec.rounds,
+            "tau": spec.tau,
+            "tokens_per_s": spec.tokens_per_s,
+            "accept_lengths": spec.accept_lengths,
+        }
+        if not args.no_greedy:
+            plain = module.greedy(prompt, args.max_new_tokens)
+            row.update(
+                greedy_tokens_per_s=plain.tokens_per_s,
+                speedup=spec.tokens_per_s / plain.tokens_per_s,
+                lossless=spec.tokens == plain.tokens,
+            )
+        rows.append(row)
+        stats = f"tau {row['tau']:.2f}, {row['tokens_per_s']:.1f} tok/s"
+        if "speedup" in row:
+            stats += f", speedup {row['speedup']:.2f}, lossless {row['lossless']}"
+        print(f"[{i}] {len(spec.tokens)} tokens, {spec.rounds} rounds, {stats}")
+    n = len(rows)
+    summary = {
+        "verifier": verifier,
+        "prompts": n,
+        "tau": sum(r["tau"] for r in rows) / n,
+        "tau_pooled": sum(sum(r["accept_lengths"]) for r in rows) / max(1, sum(r["rounds"] for r in rows)),
+        "tokens_per_s": sum(r["new_tokens"] for r in rows)
+        / sum(r["new_tokens"] / r["tokens_per_s"] for r in rows),
+    }
+    if not args.no_greedy:
+        summary["lossless"] = sum(r["lossless"] for r in rows) / n
+        greedy_time = sum(r["new_tokens"] / r["greedy_tokens_per_s"] for r in rows)
+        summary["greedy_tokens_per_s"] = sum(r["new_tokens"] for r in rows) / greedy_time
+        summary["speedup"] = summary["tokens_per_s"] / summary["greedy_tokens_per_s"]
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text("".join(json.dumps(r) + "\n" for r in rows))
+        print(f"per-prompt results written to {args.out}")
+    print(json.dumps(summary))
 
 
 # --- registry listing and result comparison ---------------------------------------------------------------
@@ -248,6 +376,8 @@ def main(argv: list[str] | None = None) -> None:
         print_registry(argv[1:])
     elif command == "compare":
         compare(argv[1:])
+    elif command == "generate":
+        generate(argv[1:])
     elif command == "corpus":
         from spec_drafters import corpus
 

@@ -32,15 +32,21 @@ class DecodeResult:
     tokens: list[int]  # generated tokens (EOS included when it was produced)
     seconds: float  # wall time, prefill included
     accept_lengths: list[int] = field(default_factory=list)  # tokens committed per verification round
+    verify_forwards: int | None = None  # rounds, for decoders that do not report accept lengths
 
     @property
     def rounds(self) -> int:
-        return len(self.accept_lengths)
+        return self.verify_forwards if self.verify_forwards is not None else len(self.accept_lengths)
+
+    @property
+    def committed(self) -> int:
+        """Tokens committed by verification rounds (all but the prefill's first token)."""
+        return sum(self.accept_lengths) if self.accept_lengths else max(0, len(self.tokens) - 1)
 
     @property
     def tau(self) -> float:
         """Mean tokens committed per target verification forward."""
-        return sum(self.accept_lengths) / max(1, len(self.accept_lengths))
+        return self.committed / max(1, self.rounds)
 
     @property
     def tokens_per_s(self) -> float:

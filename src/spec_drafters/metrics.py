@@ -57,3 +57,53 @@ class AcceptanceLength(Metric):
             "tau": self.seq_mean_sum / self.num_seqs.clamp(min=1),
             "tau_pooled": self.tau_sum / self.num_blocks.clamp(min=1),
         }
+
+
+class AcceptanceCurve(Metric):
+    """Per-depth acceptance: the fraction of blocks whose accepted drafts reach depth d, d = 1..D."""
+
+    full_state_update = False
+
+    def __init__(self, max_depth: int):
+        super().__init__()
+        self.add_state("counts", torch.zeros(max_depth + 1, dtype=torch.float64), dist_reduce_fx="sum")
+
+    def update(self, accepted: torch.Tensor) -> None:
+        """accepted: (A,) accepted drafts per block, 0..D."""
+        self.counts += torch.bincount(accepted.long(), minlength=self.counts.numel()).double()
+
+    def compute(self) -> torch.Tensor:
+        reach = self.counts.flip(0).cumsum(0).flip(0)  # reach[d] = blocks with accepted >= d
+        return reach[1:] / self.counts.sum().clamp(min=1)  # (D,)
+
+
+class Calibration(Metric):
+    """The drafter's stated probability against the empirical hit rate, per (depth, rank).
+
+    For block slot d and rank r, the mean softmax probability of the drafter's r-th most likely token
+    and how often that token is the label. DDTree scores prefixes by products of these marginals, so
+    a miscalibrated (depth, rank) cell misranks tree nodes.
+    """
+
+    full_state_update = False
+
+    def __init__(self, max_depth: int, ranks: int):
+        super().__init__()
+        shape = (max_depth, ranks)
+        self.add_state("prob", torch.zeros(shape, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("hits", torch.zeros(shape, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("count", torch.zeros(max_depth, dtype=torch.float64), dist_reduce_fx="sum")
+
+    def update(self, draft_logits: torch.Tensor, labels: torch.Tensor) -> None:
+        """draft_logits (A, D, V), labels (A, D): full blocks."""
+        top = torch.softmax(draft_logits.float(), dim=-1).topk(self.prob.shape[1], dim=-1)  # (A, D, R)
+        self.prob += top.values.sum(0).double()
+        self.hits += (top.indices == labels[..., None]).sum(0).double()
+        self.count += labels.shape[0]
+
+    def compute(self) -> dict[str, torch.Tensor]:
+        n = self.count.clamp(min=1)[:, None]
+        stated, empirical = self.prob / n, self.hits / n  # (D, R)
+        # Expected calibration error over the cells, weighted by their stated mass.
+        ece = ((stated - empirical).abs() * stated).sum() / stated.sum().clamp(min=1e-12)
+        return {"stated": stated, "empirical": empirical, "ece": ece}

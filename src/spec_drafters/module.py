@@ -11,13 +11,16 @@ M supervised (anchor, slot) pairs.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import warnings
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
 from jsonargparse import lazy_instance
+from torch import nn
 
 from spec_drafters.anchors import AnchorSampler, UniformAnchors, block_labels, build_blocks
 from spec_drafters.decoding import DecodeResult, greedy_generate, speculative_generate
@@ -25,7 +28,7 @@ from spec_drafters.drafter import DFlashDrafter, DrafterConfig
 from spec_drafters.injection import Injection, ZLabTaps
 from spec_drafters.losses import DraftLoss, HardCE, SlotBatch
 from spec_drafters.masks import DFlashBlockMask, DrafterMask, training_mask
-from spec_drafters.metrics import AcceptanceLength, SlotAccuracy
+from spec_drafters.metrics import AcceptanceCurve, AcceptanceLength, Calibration, SlotAccuracy
 from spec_drafters.noise import FeatureNoise, NoNoise
 from spec_drafters.registry import as_config, name_of
 from spec_drafters.target import FrozenTarget
@@ -60,12 +63,16 @@ class DFlashModule(pl.LightningModule):
         target: where the frozen target comes from.
         drafter: the drafter's shape; unset fields follow the target.
         injection: which target layers are tapped and fed to fc.
-        target_source: where labels come from.
+        target_source: where training labels come from.
+        val_target_source: where validation labels come from: by default the target's real output,
+            which is what a verifier accepts, whatever the training labels were (a drafter trained on
+            layer-61 labels and validated on them looks better than it serves).
         noise: perturbation of the fc input during training (never of the labels).
         loss: the training objective.
         mask: the training attention mask.
         anchors: anchor sampling for training.
         verifier: acceptance rule for the offline and real-decoding metrics.
+        eval_verifiers: more verifiers measured offline in validation (e.g. DDTree at several budgets).
         val_anchors: anchors per validation sequence (full blocks only, fixed seed).
         lr: peak AdamW learning rate (the released drafters used 6e-4).
         weight_decay: AdamW weight decay.
@@ -80,11 +87,13 @@ class DFlashModule(pl.LightningModule):
         drafter: DrafterConfig = DrafterConfig(),  # noqa: B008 - a dataclass value, copied by resolved()
         injection: Injection = lazy_instance(ZLabTaps),
         target_source: TargetSource = lazy_instance(ModelOutput),
+        val_target_source: TargetSource = lazy_instance(ModelOutput),
         noise: FeatureNoise = lazy_instance(NoNoise),
         loss: DraftLoss = lazy_instance(HardCE),
         mask: DrafterMask = lazy_instance(DFlashBlockMask),
         anchors: AnchorSampler = lazy_instance(UniformAnchors),
         verifier: Verifier = lazy_instance(GreedyChain),
+        eval_verifiers: list[Verifier] | None = None,
         val_anchors: int = 64,
         lr: float = 6e-4,
         weight_decay: float = 0.0,
@@ -103,13 +112,15 @@ class DFlashModule(pl.LightningModule):
         self.tokenizer, self.card = loaded.tokenizer, loaded.card
         self.fc_ids = injection.fc_ids(self.card)
         taps = set(injection.tap_ids(self.card)) | set(target_source.layer_ids(self.card))
+        taps |= set(val_target_source.layer_ids(self.card))
         if not set(self.fc_ids) <= taps:
             raise ValueError(f"--model.injection: fc ids {self.fc_ids} are not all tapped ({sorted(taps)})")
-        if loss.needs_distribution and not target_source.has_distribution:
-            raise ValueError(
-                f"--model.loss {name_of(loss)} needs the target's distribution, which "
-                f"--model.target_source {name_of(target_source)} does not have"
-            )
+        for flag, source in (("target_source", target_source), ("val_target_source", val_target_source)):
+            if loss.needs_distribution and not source.has_distribution:
+                raise ValueError(
+                    f"--model.loss {name_of(loss)} needs the target's distribution, which "
+                    f"--model.{flag} {name_of(source)} does not have"
+                )
         self.target = FrozenTarget(loaded.model, sorted(taps))
         cfg = drafter.resolved(
             loaded.model.config, len(self.fc_ids), self.card.mask_token_id, mask.per_layer(drafter.num_layers)
@@ -120,23 +131,42 @@ class DFlashModule(pl.LightningModule):
             self.drafter = DFlashDrafter(cfg)
             loss.bind(cfg.hidden_size)
         self.injection, self.target_source, self.noise, self.loss_fn = injection, target_source, noise, loss
+        self.val_target_source = val_target_source
         self.mask, self.anchors, self.verifier = mask, anchors, verifier
         if val_anchors < 1:
             raise ValueError(f"--model.val_anchors must be >= 1, got {val_anchors}")
         self.val_sampler = UniformAnchors(max_anchors=val_anchors, require_full_block=True)
         self.val_acc = SlotAccuracy(cfg.block_size)
-        self.val_tau = AcceptanceLength()  # the greedy chain, whatever the verifier
-        # The configured verifier's offline tau, when it is not the chain (e.g. DDTree at budget B).
-        self.val_tau_verifier = None if isinstance(verifier, GreedyChain) else AcceptanceLength()
+        # Offline acceptance per verifier: the greedy chain always (val/tau), the configured verifier
+        # (val/tau_<name>) and the extra ones (val/tau_<name>_b<budget>).
+        self.offline_verifiers: dict[str, Verifier] = {"chain": GreedyChain()}
+        if not isinstance(verifier, GreedyChain):
+            self.offline_verifiers[name_of(verifier)] = verifier
+        for v in eval_verifiers or []:
+            label = name_of(v) + (f"_b{v.budget}" if hasattr(v, "budget") else "")
+            if label in self.offline_verifiers:
+                label = f"{label}_{len(self.offline_verifiers)}"
+            self.offline_verifiers[label] = v
+        depth = cfg.block_size - 1
+        self.val_tau = nn.ModuleDict({k: AcceptanceLength() for k in self.offline_verifiers})
+        self.val_curve = nn.ModuleDict({k: AcceptanceCurve(depth) for k in self.offline_verifiers})
+        self.val_calibration = Calibration(depth, ranks=4)
+        self.calibration: dict = {}  # the last validation's table, for --results and calibration.json
         self.strict_loading = (
             False  # the frozen target is not in checkpoints; on_load_checkpoint checks the drafter
         )
 
     # --- the shared forward ------------------------------------------------------------------------
     def prepare(
-        self, batch: dict[str, torch.Tensor], sampler: AnchorSampler, seed: int, noisy: bool
+        self,
+        batch: dict[str, torch.Tensor],
+        sampler: AnchorSampler,
+        seed: int,
+        noisy: bool,
+        source: TargetSource | None = None,
     ) -> StepInputs:
-        """Target forward, labels, anchors, blocks and masks for one batch (no drafter yet)."""
+        """Target forward, labels (from ``source``, default the training one), anchors, blocks and masks."""
+        source = self.target_source if source is None else source
         ids, loss_mask = batch["input_ids"], batch["loss_mask"]  # (b, S)
         s = ids.shape[1]
         k = self.drafter.config.block_size
@@ -145,7 +175,7 @@ class DFlashModule(pl.LightningModule):
         features = clean
         if noisy:  # a new tensor: the target's outputs, which the labels read, stay untouched
             features = self.noise(clean, torch.Generator(clean.device).manual_seed(seed + 10**12))
-        labels, label_ok = self.target_source.hard_labels(self.target, out, ids)  # (b, S)
+        labels, label_ok = source.hard_labels(self.target, out, ids)  # (b, S)
         anchors, anchor_ok = sampler(loss_mask, k, torch.Generator().manual_seed(seed))  # (b, N)
         block_ids, block_pos = build_blocks(ids, anchors, k, self.drafter.config.mask_token_id)  # (b, Q)
         slot_labels, slot_ok = block_labels(labels, label_ok, loss_mask, anchors, anchor_ok, k)  # (b, N, K)
@@ -153,7 +183,7 @@ class DFlashModule(pl.LightningModule):
         if self.loss_fn.needs_distribution:
             rows, anchor_idx, slot = slot_ok.nonzero(as_tuple=True)  # (M,) each, in (b, N, K) order
             positions = anchors[rows, anchor_idx] + slot
-            target_logits = self.target_source.logits_at(self.target, out, rows, positions)  # (M, V)
+            target_logits = source.logits_at(self.target, out, rows, positions)  # (M, V)
         built: dict = {}
         masks = []
         for rule in self.drafter.layer_rules():  # one dense mask per distinct rule
@@ -218,7 +248,9 @@ class DFlashModule(pl.LightningModule):
 
     # --- validation (teacher-forced) --------------------------------------------------------------
     def validation_step(self, batch, batch_idx):
-        inp = self.prepare(batch, self.val_sampler, self._seed(10**9 + batch_idx), noisy=False)
+        inp = self.prepare(
+            batch, self.val_sampler, self._seed(10**9 + batch_idx), noisy=False, source=self.val_target_source
+        )
         hidden = self.draft_hidden(inp)
         b, n, k, _ = hidden.shape
         sb = self.slot_batch(hidden, inp)
@@ -229,17 +261,20 @@ class DFlashModule(pl.LightningModule):
         draft[ok] = sb.logits.argmax(-1)
         hit = (draft == labels) & ok  # (b, N, K)
         self.val_acc.update(hit[:, :, 1:].reshape(-1, k - 1), ok[:, :, 1:].reshape(-1, k - 1))
-        accepted = hit[:, :, 1:].long().cumprod(dim=2).sum(dim=2)  # (b, N): the greedy chain
-        self.val_tau.update(accepted, inp.anchor_ok)
-        if self.val_tau_verifier is not None:
-            # Full blocks: the M rows are the valid anchors' K-1 slots, in order.
-            per_block = sb.logits.view(-1, k - 1, sb.logits.shape[-1])  # (A, K-1, V)
-            acc = self.verifier.offline_accepted(
-                per_block, sb.labels.view(-1, k - 1), torch.ones_like(per_block[..., 0], dtype=torch.bool)
-            )  # (A,)
-            tree_accepted = torch.zeros_like(accepted)
-            tree_accepted[inp.anchor_ok] = acc
-            self.val_tau_verifier.update(tree_accepted, inp.anchor_ok)
+        # Full blocks: the M rows are the valid anchors' K-1 slots, in order.
+        per_block = sb.logits.view(-1, k - 1, sb.logits.shape[-1])  # (A, K-1, V)
+        per_block_labels = sb.labels.view(-1, k - 1)  # (A, K-1)
+        everywhere = torch.ones_like(per_block_labels, dtype=torch.bool)
+        for label, verifier in self.offline_verifiers.items():
+            if label == "chain":
+                acc = hit[:, :, 1:].long().cumprod(dim=2).sum(dim=2)[inp.anchor_ok]  # (A,)
+            else:
+                acc = verifier.offline_accepted(per_block, per_block_labels, everywhere)  # (A,)
+            accepted = torch.zeros((b, n), dtype=torch.long, device=hidden.device)
+            accepted[inp.anchor_ok] = acc
+            self.val_tau[label].update(accepted, inp.anchor_ok)
+            self.val_curve[label].update(acc)
+        self.val_calibration.update(per_block, per_block_labels)
         self.log("val/loss", parts["loss"], prog_bar=True, batch_size=b)
         for key, value in parts.items():
             if key != "loss":
@@ -250,15 +285,31 @@ class DFlashModule(pl.LightningModule):
         for i, a in enumerate(acc.tolist(), start=1):
             self.log(f"val/acc_slot{i}", a)
         self.log("val/acc", acc.mean().item(), prog_bar=True)
-        for key, value in self.val_tau.compute().items():
-            self.log(f"val/{key}", value.item(), prog_bar=key == "tau")
         self.val_acc.reset()
-        self.val_tau.reset()
-        if self.val_tau_verifier is not None:
-            name = name_of(self.verifier)
-            for key, value in self.val_tau_verifier.compute().items():
-                self.log(f"val/{key}_{name}", value.item())
-            self.val_tau_verifier.reset()
+        for label in self.offline_verifiers:
+            suffix = "" if label == "chain" else f"_{label}"
+            for key, value in self.val_tau[label].compute().items():
+                self.log(f"val/{key}{suffix}", value.item(), prog_bar=key == "tau" and label == "chain")
+            for d, frac in enumerate(self.val_curve[label].compute().tolist(), start=1):
+                self.log(f"val/accept_ge{d}{suffix}", frac)
+            self.val_tau[label].reset()
+            self.val_curve[label].reset()
+        cal = self.val_calibration.compute()
+        self.val_calibration.reset()
+        self.log("val/calibration_ece", cal["ece"].item())
+        self.calibration = {
+            "rows": "block slot (depth) 1..K-1",
+            "columns": "drafter rank 1..4",
+            "stated": cal["stated"].tolist(),
+            "empirical": cal["empirical"].tolist(),
+            "ece": cal["ece"].item(),
+        }
+        trainer = self._trainer
+        if trainer is not None and trainer.log_dir and trainer.is_global_zero and not trainer.sanity_checking:
+            Path(trainer.log_dir).mkdir(parents=True, exist_ok=True)
+            (Path(trainer.log_dir) / "calibration.json").write_text(
+                json.dumps(self.calibration, indent=1) + "\n"
+            )
 
     # --- real decoding ----------------------------------------------------------------------------
     def greedy(self, prompt: list[int], max_new_tokens: int) -> DecodeResult:
@@ -306,6 +357,7 @@ class DFlashModule(pl.LightningModule):
             "components": {
                 "injection": name_of(self.injection),
                 "target_source": name_of(self.target_source),
+                "val_target_source": name_of(self.val_target_source),
                 "noise": name_of(self.noise),
                 "loss": name_of(self.loss_fn),
                 "mask": name_of(self.mask),

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import gzip
+import json
+from pathlib import Path
+
 from spec_drafters.registry import register
 
 
@@ -33,3 +37,35 @@ class HumanEvalPrompts(PromptSet):
         problems = humaneval_problems()
         step = len(problems) / self.num_prompts
         return [problems[int(i * step)]["prompt"] for i in range(self.num_prompts)]
+
+
+@register("prompts", "jsonl")
+class JsonlPrompts(PromptSet):
+    """Prompts from a JSONL file: each record's ``prompt`` field (or ``text`` when it has none).
+
+    Args:
+        path: the file (``.jsonl`` or ``.jsonl.gz``).
+        limit: the first this many records (all when null).
+    """
+
+    def __init__(self, path: str, limit: int | None = None):
+        self.path, self.limit = path, limit
+
+    def prompts(self) -> list[str]:
+        path = Path(self.path)
+        if not path.is_file():
+            raise FileNotFoundError(f"prompts file {path} does not exist")
+        out = []
+        with (gzip.open if path.suffix == ".gz" else open)(path, "rt", encoding="utf-8") as fh:
+            for lineno, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+                text = record.get("prompt", record.get("text")) if isinstance(record, dict) else None
+                if not isinstance(text, str):
+                    raise ValueError(f"{path}:{lineno}: a prompt record needs a 'prompt' or 'text' string")
+                out.append(text)
+        return out[: self.limit] if self.limit is not None else out
