@@ -9,7 +9,7 @@ RUN ?= runs/quickstart
 CONFIG ?= configs/quickstart.yaml
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint clean
+.PHONY: setup demo verifiers test lint clean
 
 setup: $(STAMP)
 
@@ -31,6 +31,12 @@ demo: $(STAMP)
 	@echo
 	@echo "== untrained vs trained drafter on the embedded target (teacher-forced val/*, real decoding decode/*) =="
 	$(BIN)/spec-drafters compare $(RUN)/untrained.json $(RUN)/trained.json
+
+# After `make demo`: the demo's drafter under every verifier (chain, DDTree B=8/32/128, prompt lookup).
+verifiers: $(STAMP)
+	$(BIN)/spec-drafters validate --config $(CONFIG) --config configs/verify_humaneval.yaml \
+		--ckpt_path $(RUN)/checkpoints/last.ckpt --results $(RUN)/verifiers.json
+	$(BIN)/spec-drafters compare $(RUN)/trained.json $(RUN)/verifiers.json
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks

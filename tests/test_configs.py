@@ -118,17 +118,27 @@ def test_twins_make_the_same_choices_as_their_seed_config(seeds, name):
     assert twin["drafter"]["block_size"] * 2 == seed["drafter"]["block_size"]
 
 
-def test_quickstart_instantiates():
+def test_quickstart_and_its_verifier_overlay_instantiate():
     cli = instantiate("fit", "--config", str(CONFIGS / "quickstart.yaml"))
     assert describe(cli)["fc_ids"] == [1, 8, 14, 20, 27]
     assert not any(p.is_meta for p in cli.model.drafter.parameters())
+    cli = instantiate(
+        "validate",
+        "--config",
+        str(CONFIGS / "quickstart.yaml"),
+        "--config",
+        str(CONFIGS / "verify_humaneval.yaml"),
+    )
+    assert list(cli.model.offline_verifiers) == ["chain", "ddtree_b8", "ddtree_b32", "ddtree_b128"]
+    (callback,) = cli.trainer.callbacks
+    assert [v.budget for v in callback.verifiers] == [8, 32, 128] and callback.prompt_lookup_tokens == 7
 
 
 def test_every_yaml_is_covered():
     shipped = {p.relative_to(CONFIGS).as_posix() for p in CONFIGS.rglob("*.yaml")}
     covered = {f"{n}.yaml" for n in SEEDS} | {f"twins/{n}.yaml" for n in SEEDS if n != "ddtree_v6"}
     covered |= {"quickstart.yaml", "presets/train_8x_blackwell_fsdp.yaml", "presets/eval_2x_a6000.yaml"}
-    covered |= {"presets/cpu_twin.yaml"}
+    covered |= {"presets/cpu_twin.yaml", "verify_humaneval.yaml"}
     assert shipped == covered, shipped ^ covered
 
 

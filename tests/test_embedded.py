@@ -13,7 +13,7 @@ from spec_drafters.drafter import DFlashDrafter, DrafterConfig
 from spec_drafters.injection import zlab_layer_ids
 from spec_drafters.target import FrozenTarget
 from spec_drafters.targets import EmbeddedSmolLM2
-from spec_drafters.verifiers import GreedyChain
+from spec_drafters.verifiers import DDTree, GreedyChain
 
 pytestmark = pytest.mark.slow
 TAPS = zlab_layer_ids(30, 5)
@@ -58,7 +58,6 @@ def test_speculative_decoding_equals_greedy_on_humaneval_prompts(embedded):
     for problem in humaneval_problems()[:2]:
         prompt = loaded.tokenizer.encode(problem["prompt"])
         want = greedy_generate(target, prompt, 24, loaded.card.eos_token_ids)
-        got = speculative_generate(
-            target, drafter, TAPS, GreedyChain(), prompt, 24, loaded.card.eos_token_ids
-        )
-        assert got.tokens == want.tokens
+        for verifier in (GreedyChain(), DDTree(budget=16)):
+            got = speculative_generate(target, drafter, TAPS, verifier, prompt, 24, loaded.card.eos_token_ids)
+            assert got.tokens == want.tokens, type(verifier).__name__
