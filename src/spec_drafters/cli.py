@@ -3,6 +3,10 @@
     spec-drafters fit --config configs/quickstart.yaml
     spec-drafters validate --config configs/quickstart.yaml --ckpt_path runs/quickstart/checkpoints/last.ckpt
     spec-drafters generate --config CONFIG --ckpt_path CKPT (--prompt TEXT | --prompts FILE | --humaneval N)
+    spec-drafters export CKPT_OR_FOLDER --out DIR [--layout spec_drafters|zlab|speculators]
+    spec-drafters inspect PATH [--json]
+    spec-drafters diff A B [--all] [--json]
+    spec-drafters lint --config CONFIG [--json]
     spec-drafters registry [--json]
     spec-drafters compare untrained.json trained.json
     spec-drafters corpus --out data/stdlib_smollm2.jsonl.gz
@@ -19,6 +23,7 @@ import inspect
 import json
 import sys
 import typing
+import warnings
 from pathlib import Path
 
 import torch
@@ -226,8 +231,11 @@ class _LoadOnly(SpecDraftersCLI):
     def _run_subcommand(self, subcommand: str) -> None:
         pass
 
+    def instantiate_trainer(self, **kwargs):
+        return None  # the module alone is needed; a GPU trainer preset must not stop a CPU inspection
 
-def load_module(argv: list[str]):
+
+def load_module(argv: list[str], quiet: bool = False):
     """A DFlashModule from LightningCLI arguments, with the checkpoint's drafter weights loaded."""
     from spec_drafters import callbacks  # noqa: F401
     from spec_drafters.data import TextDataModule
@@ -238,6 +246,7 @@ def load_module(argv: list[str]):
         check_argv_components(argv)
     except UnknownComponentError as e:
         sys.exit(f"spec-drafters: error: {e}")
+    warnings.filterwarnings("ignore", message="LightningCLI's args parameter")  # args given on purpose
     cli = _LoadOnly(
         DFlashModule,
         TextDataModule,
@@ -250,8 +259,8 @@ def load_module(argv: list[str]):
         ckpt = torch.load(ckpt_path, weights_only=True, map_location="cpu")
         module.on_load_checkpoint(ckpt)  # checks the drafter keys and the target's identity
         module.load_state_dict(ckpt["state_dict"], strict=False)
-    else:
-        print("spec-drafters generate: no --ckpt_path, the drafter is untrained", file=sys.stderr)
+    elif not quiet and module.hparams.get("init_from") is None:
+        print("spec-drafters: no --ckpt_path, the drafter is untrained", file=sys.stderr)
     module.drafter.to(module.target.embed_tokens.weight.dtype)  # serve in the target's dtype
     return module.eval()
 
@@ -336,6 +345,73 @@ def generate(argv: list[str]) -> None:
     print(json.dumps(summary))
 
 
+# --- export, inspect, diff, lint ---------------------------------------------------------------------
+def export(argv: list[str]) -> None:
+    import argparse
+
+    from spec_drafters.export import LAYOUTS, folder_from_checkpoint, read_folder, write_folder
+
+    ap = argparse.ArgumentParser(
+        prog="spec-drafters export",
+        description="Write a drafter (Lightning checkpoint or drafter folder) as config.json and "
+        "model.safetensors.",
+    )
+    ap.add_argument("source", help="a Lightning checkpoint (.ckpt) or a drafter folder of any layout")
+    ap.add_argument("--out", required=True, help="the folder to write")
+    ap.add_argument("--layout", choices=LAYOUTS, default="spec_drafters")
+    ap.add_argument("--num_target_layers", type=int, help="the target's depth (speculators folders omit it)")
+    args = ap.parse_args(argv)
+    src = Path(args.source)
+    folder = read_folder(src, args.num_target_layers) if src.is_dir() else folder_from_checkpoint(src)
+    out = write_folder(folder, args.out, args.layout)
+    print(f"wrote {out} ({args.layout} layout, {len(folder.state)} drafter tensors)")
+
+
+def inspect_cmd(argv: list[str]) -> None:
+    from spec_drafters.tools import format_inspect, inspect_drafter
+
+    paths = [a for a in argv if a != "--json"]
+    if not paths:
+        sys.exit("usage: spec-drafters inspect PATH [PATH ...] [--json]")
+    reports = [inspect_drafter(p) for p in paths]
+    if "--json" in argv:
+        print(json.dumps(reports if len(reports) > 1 else reports[0], indent=2))
+    else:
+        print("\n\n".join(format_inspect(r) for r in reports))
+
+
+def diff_cmd(argv: list[str]) -> None:
+    from spec_drafters.tools import diff, format_diff
+
+    paths = [a for a in argv if not a.startswith("--")]
+    if len(paths) != 2:
+        sys.exit(
+            "usage: spec-drafters diff A B [--all] [--json]   (config YAML, drafter folder or checkpoint)"
+        )
+    rows = diff(paths[0], paths[1], everything="--all" in argv)
+    if "--json" in argv:
+        print(json.dumps([{"choice": k, "a": a, "b": b} for k, a, b in rows], indent=2, default=str))
+    else:
+        print(format_diff(paths[0], paths[1], rows))
+
+
+def lint_cmd(argv: list[str]) -> None:
+    from spec_drafters.tools import lint_config
+
+    if "--config" not in argv and "-c" not in argv:
+        sys.exit("usage: spec-drafters lint --config CONFIG [--config ...] [--model.* overrides] [--json]")
+    findings = lint_config([a for a in argv if a != "--json"])
+    if "--json" in argv:
+        print(json.dumps([f.__dict__ for f in findings], indent=2))
+    else:
+        print("\n".join(map(str, findings)) or "no findings")
+    errors = sum(f.severity == "error" for f in findings)
+    warnings = len(findings) - errors
+    print(f"{errors} error(s), {warnings} warning(s)", file=sys.stderr)
+    if errors:
+        sys.exit(1)
+
+
 # --- registry listing and result comparison ---------------------------------------------------------------
 def print_registry(argv: list[str]) -> None:
     load_components()
@@ -378,6 +454,14 @@ def main(argv: list[str] | None = None) -> None:
         compare(argv[1:])
     elif command == "generate":
         generate(argv[1:])
+    elif command == "export":
+        export(argv[1:])
+    elif command == "inspect":
+        inspect_cmd(argv[1:])
+    elif command == "diff":
+        diff_cmd(argv[1:])
+    elif command == "lint":
+        lint_cmd(argv[1:])
     elif command == "corpus":
         from spec_drafters import corpus
 

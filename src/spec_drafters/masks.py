@@ -114,6 +114,10 @@ class DrafterMask:
     def per_layer(self, num_layers: int) -> list[LayerAttention]:
         raise NotImplementedError
 
+    def training_mask(self, anchors, anchor_valid, seq_len: int, block_size: int, layer: LayerAttention):
+        """The dense training mask of one layer rule (b, 1, N*K, S + N*K); see :func:`training_mask`."""
+        return training_mask(anchors, anchor_valid, seq_len, block_size, layer)
+
 
 @register("mask", "dflash_block")
 class DFlashBlockMask(DrafterMask):

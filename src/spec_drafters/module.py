@@ -27,7 +27,7 @@ from spec_drafters.decoding import DecodeResult, greedy_generate, speculative_ge
 from spec_drafters.drafter import DFlashDrafter, DrafterConfig
 from spec_drafters.injection import Injection, ZLabTaps
 from spec_drafters.losses import DraftLoss, HardCE, SlotBatch
-from spec_drafters.masks import DFlashBlockMask, DrafterMask, training_mask
+from spec_drafters.masks import DFlashBlockMask, DrafterMask
 from spec_drafters.metrics import AcceptanceCurve, AcceptanceLength, Calibration, SlotAccuracy
 from spec_drafters.noise import FeatureNoise, NoNoise
 from spec_drafters.registry import as_config, name_of
@@ -188,7 +188,7 @@ class DFlashModule(pl.LightningModule):
         masks = []
         for rule in self.drafter.layer_rules():  # one dense mask per distinct rule
             if rule not in built:
-                built[rule] = training_mask(anchors, anchor_ok, s, k, rule)  # (b, 1, Q, S + Q)
+                built[rule] = self.mask.training_mask(anchors, anchor_ok, s, k, rule)  # (b, 1, Q, S + Q)
             masks.append(built[rule])
         return StepInputs(
             features,
@@ -350,6 +350,8 @@ class DFlashModule(pl.LightningModule):
             "target": {
                 "name": self.card.name,
                 "num_layers": self.target.num_layers,
+                "hidden_size": self.target.hidden_size,
+                "vocab_size": self.target.vocab_size,
                 "tap_ids": self.target.tap_ids,
             },
             "fc_ids": self.fc_ids,

@@ -326,6 +326,7 @@ class TinyRandom(TargetLoader):
         num_kv_heads: key/value heads (GQA when fewer than ``num_heads``).
         seed: weight initialisation seed.
         dtype: float32 or float64 (float64 makes greedy ties impossible in equality tests).
+        mask_token_id: the drafter's mask token (default 258, the byte tokenizer's MASK).
     """
 
     def __init__(
@@ -337,6 +338,7 @@ class TinyRandom(TargetLoader):
         num_kv_heads: int = 2,
         seed: int = 0,
         dtype: str = "float32",
+        mask_token_id: int = ByteTokenizer.mask_token_id,
     ):
         if architecture not in ("qwen3", "llama"):
             raise ValueError(
@@ -344,6 +346,7 @@ class TinyRandom(TargetLoader):
             )
         self.architecture, self.num_layers, self.hidden_size = architecture, num_layers, hidden_size
         self.num_heads, self.num_kv_heads, self.seed, self.dtype = num_heads, num_kv_heads, seed, dtype
+        self.mask_token_id = mask_token_id
 
     def load(self) -> LoadedTarget:
         from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
@@ -375,7 +378,7 @@ class TinyRandom(TargetLoader):
             num_layers=self.num_layers,
             hidden_size=self.hidden_size,
             vocab_size=tok.vocab_size,
-            mask_token_id=tok.mask_token_id,
+            mask_token_id=self.mask_token_id,
             eos_token_ids=[tok.eos_token_id],
             architecture=self.architecture,
         )

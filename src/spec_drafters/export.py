@@ -1,0 +1,284 @@
+"""Drafter folders: ``config.json`` + ``model.safetensors``, in this project's layout or a peer's.
+
+Layouts (the weights' keys are the same in all three: ``layers.{i}.*``, ``fc.weight``,
+``hidden_norm.weight``, ``norm.weight``; no embedding and no head, they are the target's):
+
+- ``spec_drafters``: z-lab's config fields plus a ``spec_drafters`` block (component names, the
+  target's identity, the drafter config) and any auxiliary heads (``aux.confidence_head.*``).
+- ``zlab``: z-lab/dflash's ``DFlashDraftModel`` (a Qwen3 config with ``block_size``,
+  ``num_target_layers``, ``dflash_config.{mask_token_id, target_layer_ids}``, ``layer_types``,
+  ``sliding_window``). Its layer ids are this project's (0-based decoder-layer outputs).
+- ``speculators``: vllm-project/speculators' ``DFlashSpeculatorConfig``; its
+  ``aux_hidden_state_layer_ids`` are ours + 1 (dflash.md section 1) and exclude the target's last layer,
+  which speculators keeps for the verifier only; sliding-window layers are causal inside the block
+  unless ``sliding_window_non_causal``.
+
+Notation: L target layers, n layers into fc, H hidden size.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from spec_drafters.drafter import DFlashDrafter, DrafterConfig
+
+LAYOUTS = ("spec_drafters", "zlab", "speculators")
+#: Weights a speculators checkpoint copies from its verifier (target); not the drafter's.
+SPECULATORS_TARGET_KEYS = (
+    "embed_tokens.weight",
+    "lm_head.weight",
+    "verifier_lm_head.weight",
+    "verifier_norm.weight",
+    "t2d",
+    "d2t",
+)
+AUX_PREFIX = "aux."
+
+
+@dataclass
+class DrafterFolder:
+    """A drafter read from (or about to be written to) a folder, whatever its layout."""
+
+    config: DrafterConfig  # resolved: every field set
+    fc_ids: list[int]  # target layer ids into fc, this project's convention
+    num_target_layers: int
+    vocab_size: int
+    state: dict[str, torch.Tensor]  # drafter weights, z-lab keys
+    aux: dict[str, torch.Tensor]  # auxiliary heads (e.g. CAP's confidence head), spec_drafters layout only
+    layout: str
+    meta: dict  # the spec_drafters block when present (components, target identity)
+
+
+# --- writing ---------------------------------------------------------------------------------------
+def _qwen3_fields(cfg: DrafterConfig, vocab_size: int) -> dict:
+    """The Qwen3 config fields z-lab's and speculators' drafter classes read."""
+    return {
+        "model_type": "qwen3",
+        "hidden_size": cfg.hidden_size,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.num_kv_heads,
+        "head_dim": cfg.head_dim,
+        "intermediate_size": cfg.intermediate_size,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "rope_theta": cfg.rope_theta,
+        "rope_parameters": {"rope_type": "default", "rope_theta": cfg.rope_theta},
+        "vocab_size": vocab_size,
+        "max_position_embeddings": 262144,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "attention_dropout": 0.0,
+        "tie_word_embeddings": False,
+        "layer_types": list(cfg.layer_types),
+        "sliding_window": cfg.sliding_window,
+        "use_sliding_window": cfg.sliding_window is not None,
+        "max_window_layers": cfg.num_layers,
+    }
+
+
+def _zlab_fields(folder: DrafterFolder) -> dict:
+    cfg = folder.config
+    return {
+        "architectures": ["DFlashDraftModel"],
+        **_qwen3_fields(cfg, folder.vocab_size),
+        "block_size": cfg.block_size,
+        "num_target_layers": folder.num_target_layers,
+        "dflash_config": {"mask_token_id": cfg.mask_token_id, "target_layer_ids": list(folder.fc_ids)},
+    }
+
+
+def zlab_config(folder: DrafterFolder) -> dict:
+    if folder.config.causal_block_layers:
+        raise ValueError(
+            "the z-lab layout has no causal-block layers; this drafter's are "
+            f"{folder.config.causal_block_layers}"
+        )
+    return _zlab_fields(folder)
+
+
+def speculators_config(folder: DrafterFolder) -> dict:
+    cfg = folder.config
+    last = folder.num_target_layers - 1
+    if last in folder.fc_ids:
+        raise ValueError(
+            f"the speculators layout keeps the target's last layer ({last}) out of fc (it feeds the verifier "
+            f"only); this drafter's fc reads it: {folder.fc_ids}"
+        )
+    sliding = [i for i, t in enumerate(cfg.layer_types) if t == "sliding_attention"]
+    causal = set(cfg.causal_block_layers)
+    full_causal = [i for i in causal if i not in sliding]
+    if full_causal or (sliding and causal and set(sliding) != causal):
+        raise ValueError(
+            "speculators makes either every sliding layer causal inside the block or none, and full layers "
+            f"never: sliding {sliding}, causal {sorted(causal)}"
+        )
+    return {
+        "speculators_model_type": "dflash",
+        "architectures": ["DFlashSpeculator"],
+        "transformer_layer_config": _qwen3_fields(cfg, folder.vocab_size),
+        "draft_vocab_size": folder.vocab_size,
+        "block_size": cfg.block_size,
+        "aux_hidden_state_layer_ids": [i + 1 for i in folder.fc_ids],  # speculators count from 1
+        "mask_token_id": cfg.mask_token_id,
+        "sliding_window_non_causal": bool(sliding) and not causal,
+    }
+
+
+def write_folder(folder: DrafterFolder, path: str | Path, layout: str = "spec_drafters") -> Path:
+    """Writes ``config.json`` and ``model.safetensors`` (no pickle) into ``path``."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"--layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+    out = Path(path)
+    if layout == "zlab":
+        config = zlab_config(folder)
+    elif layout == "speculators":
+        config = speculators_config(folder)
+    else:  # z-lab's fields (readable by z-lab tools when expressible) plus everything of ours
+        config = _zlab_fields(folder)
+        config["spec_drafters"] = {
+            **folder.meta,
+            "drafter": asdict(folder.config),
+            "fc_ids": list(folder.fc_ids),
+            "num_target_layers": folder.num_target_layers,
+        }
+    state = {k: v.detach().contiguous().cpu() for k, v in folder.state.items()}
+    if layout == "spec_drafters":
+        state.update({AUX_PREFIX + k: v.detach().contiguous().cpu() for k, v in folder.aux.items()})
+    elif folder.aux:
+        print(f"note: the {layout} layout has no place for auxiliary heads; left out: {sorted(folder.aux)}")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt", "layout": layout})
+    return out
+
+
+# --- reading ---------------------------------------------------------------------------------------
+def detect_layout(config: dict) -> str:
+    if "spec_drafters" in config:
+        return "spec_drafters"
+    if config.get("speculators_model_type") == "dflash":
+        return "speculators"
+    if "dflash_config" in config or "block_size" in config:
+        return "zlab"
+    raise ValueError("config.json is neither a spec_drafters, z-lab nor speculators DFlash drafter")
+
+
+def _drafter_config(qwen: dict, block_size: int, mask_token_id: int, n_fc: int, causal: list[int]):
+    layers = qwen["num_hidden_layers"]
+    rope = qwen.get("rope_theta") or (qwen.get("rope_parameters") or {}).get("rope_theta") or 10_000.0
+    types = qwen.get("layer_types") or ["full_attention"] * layers
+    cfg = DrafterConfig(
+        num_layers=layers,
+        block_size=block_size,
+        num_heads=qwen["num_attention_heads"],
+        num_kv_heads=qwen["num_key_value_heads"],
+        head_dim=qwen.get("head_dim") or qwen["hidden_size"] // qwen["num_attention_heads"],
+        intermediate_size=qwen["intermediate_size"],
+        rms_norm_eps=qwen.get("rms_norm_eps", 1e-6),
+        rope_theta=float(rope),
+        hidden_size=qwen["hidden_size"],
+        num_fc_inputs=n_fc,
+        mask_token_id=mask_token_id,
+        layer_types=list(types),
+        sliding_window=qwen.get("sliding_window") if "sliding_attention" in types else None,
+        causal_block_layers=causal,
+    )
+    cfg.validate()
+    return cfg
+
+
+def read_folder(path: str | Path, num_target_layers: int | None = None) -> DrafterFolder:
+    """Reads any of the three layouts. ``num_target_layers`` is needed only for speculators folders."""
+    path = Path(path)
+    if not (path / "config.json").is_file() or not (path / "model.safetensors").is_file():
+        raise FileNotFoundError(f"{path}: a drafter folder holds config.json and model.safetensors")
+    config = json.loads((path / "config.json").read_text())
+    layout = detect_layout(config)
+    weights = load_file(str(path / "model.safetensors"))
+    aux = {k[len(AUX_PREFIX) :]: v for k, v in weights.items() if k.startswith(AUX_PREFIX)}
+    state = {k: v for k, v in weights.items() if not k.startswith(AUX_PREFIX)}
+    meta: dict = {}
+    if layout == "spec_drafters":
+        block = config["spec_drafters"]
+        names = {f.name for f in fields(DrafterConfig)}
+        cfg = DrafterConfig(**{k: v for k, v in block["drafter"].items() if k in names})
+        cfg.validate()
+        fc_ids, layers = list(block["fc_ids"]), int(block["num_target_layers"])
+        meta = {k: v for k, v in block.items() if k not in ("drafter", "fc_ids", "num_target_layers")}
+        vocab = int(config.get("vocab_size") or 0)
+    elif layout == "zlab":
+        dflash = config.get("dflash_config", {})
+        fc_ids = list(dflash["target_layer_ids"])
+        block_size = config.get("block_size") or dflash.get("block_size")
+        cfg = _drafter_config(config, int(block_size), int(dflash["mask_token_id"]), len(fc_ids), [])
+        layers, vocab = int(config["num_target_layers"]), int(config["vocab_size"])
+    else:
+        qwen = config["transformer_layer_config"]
+        fc_ids = [i - 1 for i in config["aux_hidden_state_layer_ids"]]
+        types = qwen.get("layer_types") or []
+        causal = (
+            []
+            if config.get("sliding_window_non_causal")
+            else [i for i, t in enumerate(types) if t == "sliding_attention"]
+        )
+        cfg = _drafter_config(
+            qwen, int(config["block_size"]), int(config["mask_token_id"]), len(fc_ids), causal
+        )
+        layers = num_target_layers or int(config.get("num_target_layers") or 0)
+        if not layers:
+            raise ValueError(
+                f"{path}: a speculators config does not say the target's depth; pass num_target_layers"
+            )
+        vocab = int(config.get("draft_vocab_size") or qwen["vocab_size"])
+        for key in SPECULATORS_TARGET_KEYS:
+            state.pop(key, None)  # the target's own, filled in by speculators' converter
+    return DrafterFolder(cfg, fc_ids, layers, vocab, state, aux, layout, meta)
+
+
+def build_drafter(folder: DrafterFolder) -> DFlashDrafter:
+    """A DFlashDrafter holding the folder's weights; every key must match (strict)."""
+    drafter = DFlashDrafter(folder.config)
+    if folder.state:  # keep the stored precision
+        drafter.to(next(iter(folder.state.values())).dtype)
+    missing, unexpected = drafter.load_state_dict(folder.state, strict=False)
+    if missing or unexpected:
+        raise KeyError(f"drafter weights do not match: missing {missing[:5]}, unexpected {unexpected[:5]}")
+    return drafter
+
+
+# --- from training artefacts -----------------------------------------------------------------------
+def folder_from_checkpoint(path: str | Path) -> DrafterFolder:
+    """The drafter of a Lightning checkpoint, without loading the target (the checkpoint says enough)."""
+    ckpt = torch.load(path, weights_only=True, map_location="cpu")
+    desc = ckpt.get("spec_drafters")
+    if desc is None:
+        raise ValueError(f"{path}: not a spec-drafters checkpoint (no 'spec_drafters' description)")
+    names = {f.name for f in fields(DrafterConfig)}
+    cfg = DrafterConfig(**{k: v for k, v in desc["drafter"].items() if k in names})
+    cfg.validate()
+    sd = ckpt["state_dict"]
+    state = {k[len("drafter.") :]: v for k, v in sd.items() if k.startswith("drafter.")}
+    aux = {
+        _aux_name(k): v for k, v in sd.items() if k.startswith("loss_fn.") and k.endswith(("weight", "bias"))
+    }
+    target = desc["target"]
+    vocab = int(target.get("vocab_size") or 0)
+    if not vocab:
+        from spec_drafters.targets import TargetCard
+
+        vocab = TargetCard.load(target["name"]).vocab_size
+    meta = {"target": target, "components": desc.get("components", {})}
+    return DrafterFolder(
+        cfg, list(desc["fc_ids"]), int(target["num_layers"]), vocab, state, aux, "checkpoint", meta
+    )
+
+
+def _aux_name(key: str) -> str:
+    # loss_fn.head.weight (CAP) -> confidence_head.weight; other heads keep their path under loss_fn.
+    rest = key[len("loss_fn.") :]
+    return "confidence_head." + rest.split(".")[-1] if rest.startswith("head.") else rest

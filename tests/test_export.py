@@ -1,0 +1,103 @@
+"""Drafter folders: round trips through every layout, and parity with z-lab's own model code."""
+
+import json
+
+import pytest
+import torch
+
+from conftest import tiny_drafter, tiny_target
+from spec_drafters.export import DrafterFolder, build_drafter, read_folder, write_folder
+from spec_drafters.masks import SlidingWindowMask
+
+FC = [1, 2, 3]
+
+
+def folder_of(drafter, fc_ids=FC, layers=6) -> DrafterFolder:
+    return DrafterFolder(drafter.config, fc_ids, layers, 259, drafter.state_dict(), {}, "memory", {})
+
+
+def block_logits(target, drafter, ids, k):
+    """One serving pass: context = all of ids, block [last token, MASK...] after it -> (K, V)."""
+    s = ids.shape[1]
+    taps = torch.cat([target(ids).taps[i] for i in FC], dim=-1)
+    block = torch.full((1, k), 258)
+    block[0, 0] = ids[0, -1]
+    with torch.no_grad():
+        ctx = drafter.encode_context(taps, torch.arange(s)[None])
+        return target.head(drafter(target.embed(block), torch.arange(s, s + k)[None], ctx))[0]
+
+
+@pytest.mark.parametrize("layout", ["spec_drafters", "zlab", "speculators"])
+def test_round_trip_keeps_every_weight_and_the_layer_rules(tmp_path, layout):
+    target = tiny_target(dtype="float64")
+    drafter = tiny_drafter(target, block_size=4, mask=SlidingWindowMask(window=6, layers=[0]))
+    write_folder(folder_of(drafter), tmp_path / layout, layout)
+    back = read_folder(tmp_path / layout, num_target_layers=6)
+    assert back.layout == layout and back.fc_ids == FC and back.num_target_layers == 6
+    assert back.config.layer_types == ["sliding_attention", "full_attention"]
+    assert back.config.sliding_window == 6 and back.config.block_size == 4
+    rebuilt = build_drafter(back).double().eval()
+    for key, value in drafter.state_dict().items():
+        assert torch.equal(rebuilt.state_dict()[key], value), key
+    ids = torch.randint(0, 256, (1, 17), generator=torch.Generator().manual_seed(0))
+    # z-lab and speculators folders do not say which kernel to use: they load with the default (sdpa).
+    want = block_logits(target, drafter, ids, 4)
+    torch.testing.assert_close(block_logits(target, rebuilt, ids, 4), want, rtol=1e-12, atol=1e-12)
+
+
+def test_layouts_state_ids_in_their_own_conventions(tmp_path):
+    target = tiny_target()
+    drafter = tiny_drafter(target)
+    write_folder(folder_of(drafter), tmp_path / "z", "zlab")
+    write_folder(folder_of(drafter), tmp_path / "s", "speculators")
+    z = json.loads((tmp_path / "z" / "config.json").read_text())
+    s = json.loads((tmp_path / "s" / "config.json").read_text())
+    assert z["dflash_config"]["target_layer_ids"] == [1, 2, 3] and z["num_target_layers"] == 6
+    assert z["block_size"] == 4 and z["dflash_config"]["mask_token_id"] == 258
+    assert s["aux_hidden_state_layer_ids"] == [2, 3, 4]  # speculators count one higher
+    assert (
+        "embed_tokens.weight" not in read_folder(tmp_path / "z").state
+    )  # the head and embedding are the target's
+    with pytest.raises(ValueError, match="last layer"):
+        write_folder(folder_of(drafter, fc_ids=[1, 3, 5]), tmp_path / "bad", "speculators")
+    with pytest.raises(ValueError, match="target's depth"):
+        read_folder(tmp_path / "s")  # speculators does not record the target's depth
+
+
+def test_zlab_folder_gives_the_same_block_logits_as_zlab_model_code(tmp_path):
+    """z-lab/dflash's DFlashDraftModel (PyPI ``dflash``) loads our export and computes the same block."""
+    dflash_model = pytest.importorskip("dflash.model")
+    from safetensors.torch import load_file
+    from transformers import Qwen3Config
+
+    target = tiny_target(dtype="float64", tap_ids=(1, 2, 3, 4))
+    drafter = tiny_drafter(target, block_size=4)
+    write_folder(folder_of(drafter), tmp_path, "zlab")
+    config = Qwen3Config(**json.loads((tmp_path / "config.json").read_text()))
+    config._attn_implementation = "eager"
+    reference = dflash_model.DFlashDraftModel(config).double().eval()
+    missing, unexpected = reference.load_state_dict(
+        load_file(str(tmp_path / "model.safetensors")), strict=False
+    )
+    assert not unexpected and all("rotary" in k for k in missing)
+    ids = torch.randint(0, 256, (1, 15), generator=torch.Generator().manual_seed(3))
+    s, k = ids.shape[1], 4
+    out = target(ids)
+    taps = torch.cat([out.taps[i] for i in reference.target_layer_ids], dim=-1)  # z-lab's ids, ours
+    block = torch.full((1, k), 258)
+    block[0, 0] = ids[0, -1]
+    with torch.no_grad():
+        ref_hidden = reference(
+            position_ids=torch.arange(s + k)[None], noise_embedding=target.embed(block), target_hidden=taps
+        )
+    ours = block_logits(target, drafter, ids, k)
+    # HF computes RoPE's cos/sin in fp32 even for a float64 model, hence 1e-5 and not 1e-9.
+    torch.testing.assert_close(target.head(ref_hidden)[0], ours, rtol=1e-5, atol=1e-5)
+    # The check has teeth: feeding z-lab's model the taps one layer off (the speculators numbering
+    # read as ours) moves the logits far more than that.
+    shifted = torch.cat([out.taps[i + 1] for i in reference.target_layer_ids], dim=-1)
+    with torch.no_grad():
+        wrong = reference(
+            position_ids=torch.arange(s + k)[None], noise_embedding=target.embed(block), target_hidden=shifted
+        )
+    assert (target.head(wrong)[0] - ours).abs().max() > 1e-2
