@@ -101,3 +101,39 @@ def test_zlab_folder_gives_the_same_block_logits_as_zlab_model_code(tmp_path):
             position_ids=torch.arange(s + k)[None], noise_embedding=target.embed(block), target_hidden=shifted
         )
     assert (target.head(wrong)[0] - ours).abs().max() > 1e-2
+
+
+def test_checkpoint_export_reimport_and_side_by_side_validation(tmp_path, capsys):
+    """fit -> drafter folder (ExportDrafter) and z-lab export -> validate all of them on the same data."""
+    from spec_drafters.cli import main
+    from spec_drafters.tools import diff
+
+    tiny = ["--config", "tests/configs/tiny.yaml", "--trainer.logger", "false"]
+    main(
+        ["fit", *tiny, "--trainer.max_steps", "6", "--trainer.default_root_dir", str(tmp_path),
+         "--trainer.callbacks+=ExportDrafter", "--trainer.callbacks.dirpath", str(tmp_path / "drafter"),
+         "--results", str(tmp_path / "fit.json")]
+    )  # fmt: skip
+    ckpt = json.loads((tmp_path / "fit.json").read_text())["last_checkpoint"]
+    ours = read_folder(tmp_path / "drafter")
+    assert ours.layout == "spec_drafters" and ours.meta["components"]["injection"] == "zlab_taps"
+    main(["export", ckpt, "--out", str(tmp_path / "zlab"), "--layout", "zlab"])
+    zlab = read_folder(tmp_path / "zlab")
+    for key, value in ours.state.items():
+        assert torch.equal(zlab.state[key], value), key
+    # Same architecture: only what a z-lab folder cannot say differs (components, target name, kernel).
+    differ = {k for k, _, _ in diff(tmp_path / "drafter", tmp_path / "zlab")}
+    others = sorted(
+        k for k in differ if not k.startswith(("component.", "target.", "tapped_", "drafter.attention"))
+    )
+    assert differ and not others, others
+    capsys.readouterr()
+    main(["validate", *tiny, "--trainer.default_root_dir", str(tmp_path), "--results", str(tmp_path / "many"),
+          "--drafters", ckpt, str(tmp_path / "zlab"), "untrained"])  # fmt: skip
+    table = capsys.readouterr().out
+    results = {p.stem: json.loads(p.read_text())["metrics"] for p in (tmp_path / "many").glob("*.json")}
+    assert set(results) == {"last", "zlab", "untrained"} and "val/tau" in table
+    # The checkpoint and its z-lab re-import are the same drafter: identical numbers on identical data.
+    for key in ("val/loss", "val/acc", "val/tau"):
+        assert results["last"][key] == pytest.approx(results["zlab"][key], rel=1e-6), key
+    assert results["untrained"]["val/loss"] > results["last"]["val/loss"]

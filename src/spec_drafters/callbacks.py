@@ -160,3 +160,28 @@ class SpeculativeDecodingEval(pl.Callback):
             # Greedy speculative decoding is lossless by construction; a mismatch means a bug or a
             # near-tie flipped by the different float summation order of a K-token verify forward.
             rank_zero_warn(f"outputs differ from the target's greedy output for: {', '.join(broken)}")
+
+
+class ExportDrafter(pl.Callback):
+    """Writes the trained drafter as a folder (config.json + model.safetensors) when ``fit`` ends.
+
+    Lightning checkpoints stay the way to resume; this folder is what other tools load.
+
+    Args:
+        dirpath: the folder to write.
+        layout: spec_drafters (everything), zlab or speculators (see export.py).
+    """
+
+    def __init__(self, dirpath: str, layout: str = "spec_drafters"):
+        from spec_drafters.export import LAYOUTS
+
+        if layout not in LAYOUTS:
+            raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+        self.dirpath, self.layout = dirpath, layout
+
+    def on_fit_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+        from spec_drafters.export import folder_from_module, write_folder
+
+        if trainer.is_global_zero:
+            out = write_folder(folder_from_module(module), self.dirpath, self.layout)
+            rank_zero_info(f"drafter written to {out} ({self.layout} layout)")

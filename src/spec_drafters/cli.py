@@ -150,7 +150,7 @@ def _resolve_class(path: str) -> type:
 #: Model arguments that belong to this run, not to the checkpoint: where the target is loaded from (a
 #: path on this machine; its identity is still checked against the checkpoint) and how drafts are
 #: evaluated. Everything else that shapes the drafter comes from the checkpoint.
-RUN_TIME_ARGS = ("target", "verifier", "eval_verifiers", "val_anchors", "val_target_source")
+RUN_TIME_ARGS = ("target", "verifier", "eval_verifiers", "val_anchors", "val_target_source", "init_from")
 
 
 class SpecDraftersCLI(LightningCLI):
@@ -203,6 +203,47 @@ class SpecDraftersCLI(LightningCLI):
 
     def after_fit(self) -> None:
         self._write_results()
+
+
+def validate_many(argv: list[str]) -> None:
+    """``validate ... --drafters A B ...``: the same evaluation for several drafters, side by side.
+
+    Each of A, B, ... is a Lightning checkpoint (.ckpt), a drafter folder of any layout (an imported
+    reference drafter, say), or ``untrained``. Same config, seed and data for all; results go to
+    ``--results DIR`` (default runs/validate_many) as <name>.json, then one table.
+    """
+    i = argv.index("--drafters")
+    j = next((n for n in range(i + 1, len(argv)) if argv[n].startswith("--")), len(argv))
+    drafters, rest = argv[i + 1 : j], argv[:i] + argv[j:]
+    if not drafters:
+        sys.exit("spec-drafters: error: --drafters needs at least one checkpoint, folder or 'untrained'")
+    out_dir = Path("runs/validate_many")
+    if "--results" in rest:
+        k = rest.index("--results")
+        out_dir, rest = Path(rest[k + 1]), rest[:k] + rest[k + 2 :]
+    outputs = []
+    for path in drafters:
+        name = (
+            "untrained"
+            if path == "untrained"
+            else Path(path).stem
+            if path.endswith(".ckpt")
+            else Path(path).name
+        )
+        if any(o.stem == name for o in outputs):
+            name = f"{name}_{len(outputs)}"
+        extra = (
+            []
+            if path == "untrained"
+            else ["--ckpt_path", path]
+            if path.endswith(".ckpt")
+            else ["--model.init_from", path]
+        )
+        out = out_dir / f"{name}.json"
+        run_lightning([*rest, *extra, "--results", str(out)])
+        outputs.append(out)
+    print()
+    compare([str(o) for o in outputs])
 
 
 def run_lightning(argv: list[str]) -> None:
@@ -466,6 +507,8 @@ def main(argv: list[str] | None = None) -> None:
         from spec_drafters import corpus
 
         corpus.main(argv[1:])
+    elif command in ("validate", "test") and "--drafters" in argv:
+        validate_many(argv)
     else:
         run_lightning(argv)
 

@@ -230,7 +230,7 @@ def read_folder(path: str | Path, num_target_layers: int | None = None) -> Draft
             qwen, int(config["block_size"]), int(config["mask_token_id"]), len(fc_ids), causal
         )
         layers = num_target_layers or int(config.get("num_target_layers") or 0)
-        if not layers:
+        if not layers and num_target_layers != 0:  # 0: the caller accepts an unknown depth
             raise ValueError(
                 f"{path}: a speculators config does not say the target's depth; pass num_target_layers"
             )
@@ -282,3 +282,20 @@ def _aux_name(key: str) -> str:
     # loss_fn.head.weight (CAP) -> confidence_head.weight; other heads keep their path under loss_fn.
     rest = key[len("loss_fn.") :]
     return "confidence_head." + rest.split(".")[-1] if rest.startswith("head.") else rest
+
+
+def folder_from_module(module) -> DrafterFolder:
+    """The drafter of a live DFlashModule (weights, config, fc ids, the target's identity)."""
+    desc = module.describe()
+    aux = {_aux_name("loss_fn." + k): v for k, v in module.loss_fn.state_dict().items()}
+    meta = {"target": desc["target"], "components": desc["components"]}
+    return DrafterFolder(
+        module.drafter.config,
+        list(module.fc_ids),
+        module.target.num_layers,
+        module.target.vocab_size,
+        module.drafter.state_dict(),
+        aux,
+        "module",
+        meta,
+    )

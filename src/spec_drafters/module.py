@@ -73,6 +73,8 @@ class DFlashModule(pl.LightningModule):
         anchors: anchor sampling for training.
         verifier: acceptance rule for the offline and real-decoding metrics.
         eval_verifiers: more verifiers measured offline in validation (e.g. DDTree at several budgets).
+        init_from: a drafter folder (any layout: ours, z-lab's, speculators') whose weights start this
+            drafter; its fc layers and shape must be this config's (e.g. to validate a reference drafter).
         val_anchors: anchors per validation sequence (full blocks only, fixed seed).
         lr: peak AdamW learning rate (the released drafters used 6e-4).
         weight_decay: AdamW weight decay.
@@ -94,6 +96,7 @@ class DFlashModule(pl.LightningModule):
         anchors: AnchorSampler = lazy_instance(UniformAnchors),
         verifier: Verifier = lazy_instance(GreedyChain),
         eval_verifiers: list[Verifier] | None = None,
+        init_from: str | None = None,
         val_anchors: int = 64,
         lr: float = 6e-4,
         weight_decay: float = 0.0,
@@ -131,6 +134,8 @@ class DFlashModule(pl.LightningModule):
             self.drafter = DFlashDrafter(cfg)
             loss.bind(cfg.hidden_size)
         self.injection, self.target_source, self.noise, self.loss_fn = injection, target_source, noise, loss
+        if init_from is not None:
+            self._load_folder(init_from)
         self.val_target_source = val_target_source
         self.mask, self.anchors, self.verifier = mask, anchors, verifier
         if val_anchors < 1:
@@ -155,6 +160,30 @@ class DFlashModule(pl.LightningModule):
         self.strict_loading = (
             False  # the frozen target is not in checkpoints; on_load_checkpoint checks the drafter
         )
+
+    def _load_folder(self, path: str) -> None:
+        from spec_drafters.export import read_folder
+
+        folder = read_folder(path, num_target_layers=self.target.num_layers)
+        if folder.fc_ids != self.fc_ids:
+            raise ValueError(
+                f"--model.init_from {path}: its fc reads target layers {folder.fc_ids}, this config's "
+                f"injection gives {self.fc_ids}"
+            )
+        mine, theirs = asdict(self.drafter.config), asdict(folder.config)
+        differ = [k for k in mine if k != "attention" and mine[k] != theirs.get(k)]
+        if differ:
+            raise ValueError(
+                f"--model.init_from {path}: the folder's drafter differs from this config's: "
+                + ", ".join(f"{k} {theirs.get(k)} vs {mine[k]}" for k in differ)
+            )
+        self.drafter.load_state_dict(folder.state, strict=True)
+        head = getattr(self.loss_fn, "head", None)
+        if head is not None and "confidence_head.weight" in folder.aux:
+            aux = folder.aux
+            head.load_state_dict(
+                {"weight": aux["confidence_head.weight"], "bias": aux["confidence_head.bias"]}
+            )
 
     # --- the shared forward ------------------------------------------------------------------------
     def prepare(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -21,6 +21,11 @@ import yaml
 
 def _weights(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
     """(drafter weights with z-lab keys, the config/description that came with them)."""
+    if path.suffix in (".yaml", ".yml"):  # a config: build it (large targets on the meta device)
+        module = _module_from_config(str(path))
+        weights = dict(module.drafter.state_dict())
+        weights |= {"aux." + k: v for k, v in module.loss_fn.state_dict().items()}
+        return weights, {"spec_drafters": module.describe(), "source": "config (built, not trained)"}
     if path.is_dir():
         from safetensors.torch import load_file
 
@@ -72,7 +77,7 @@ def _declared(config: dict) -> dict:
         d = block.get("drafter", {})
         target = block.get("target", {})
         return {
-            "layout": "spec_drafters",
+            "layout": config.get("source", "spec_drafters"),
             "target": target.get("name"),
             "num_target_layers": block.get("num_target_layers") or target.get("num_layers"),
             "vocab_size": config.get("vocab_size") or target.get("vocab_size"),
@@ -200,36 +205,46 @@ def _module_from_config(path: str):
 def choices(path: str | Path) -> dict:
     """Every architectural and training choice of a config YAML, a drafter folder or a checkpoint."""
     path = Path(path)
+    hp: dict = {}
     if path.suffix in (".yaml", ".yml"):
-        module = _module_from_config(str(path))
         from spec_drafters.registry import as_config
 
+        module = _module_from_config(str(path))
         desc = module.describe()
         hp = {k: as_config(v) for k, v in module.hparams.items()}
+    elif path.is_dir():
+        from spec_drafters.export import read_folder
+
+        folder = read_folder(path, num_target_layers=None if _has_depth(path) else 0)
+        desc = {
+            "target": {**folder.meta.get("target", {}), "num_layers": folder.num_target_layers or None},
+            "fc_ids": folder.fc_ids,
+            "drafter": asdict(folder.config),
+            "components": folder.meta.get("components", {}),
+        }
     else:
-        weights, config = _weights(path)
-        declared = _declared(config)
-        desc = config.get("spec_drafters") or {}
-        hp = config.get("hyper_parameters") or {}
-        if not desc:  # a peer layout: what its config and weights say
-            shapes = from_shapes(weights)
-            desc = {"fc_ids": declared.get("target_layer_ids"), "drafter": {**declared, **shapes}}
+        ckpt = torch.load(path, weights_only=True, map_location="cpu")
+        desc, hp = ckpt.get("spec_drafters") or {}, ckpt.get("hyper_parameters") or {}
     out: dict = {}
     target = desc.get("target", {})
     out["target.name"] = target.get("name")
-    out["target.num_layers"] = target.get("num_layers") or desc.get("num_target_layers")
+    out["target.num_layers"] = target.get("num_layers")
     out["tapped_layer_ids"] = target.get("tap_ids")
     out["fc_layer_ids"] = desc.get("fc_ids")
     out["fc_layers"] = len(desc["fc_ids"]) if desc.get("fc_ids") else None
     for k, v in (desc.get("drafter") or {}).items():
-        if k not in ("layout", "target_layer_ids"):
-            out[f"drafter.{k}"] = v
+        out[f"drafter.{k}"] = v
     for k, v in (desc.get("components") or {}).items():
         out[f"component.{k}"] = v
     for k, v in hp.items():
         if k not in ("target", "drafter"):
             _flatten(f"config.{k}", v, out)
     return {k: v for k, v in out.items() if v is not None}
+
+
+def _has_depth(path: Path) -> bool:
+    config = json.loads((path / "config.json").read_text()) if (path / "config.json").is_file() else {}
+    return config.get("speculators_model_type") != "dflash" or "num_target_layers" in config
 
 
 def diff(a: str | Path, b: str | Path, everything: bool = False) -> list[tuple[str, object, object]]:
