@@ -486,27 +486,30 @@ def compare(argv: list[str]) -> None:
         print(f"{k:<{width}}  " + "  ".join(cells))
 
 
+def _corpus(argv: list[str]) -> None:
+    from spec_drafters import corpus
+
+    corpus.main(argv)
+
+
+#: Commands of our own; everything else (fit, validate, test) goes to LightningCLI.
+COMMANDS = {
+    "registry": print_registry,
+    "compare": compare,
+    "generate": generate,
+    "export": export,
+    "inspect": inspect_cmd,
+    "diff": diff_cmd,
+    "lint": lint_cmd,
+    "corpus": _corpus,
+}
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     command = argv[0] if argv else ""
-    if command == "registry":
-        print_registry(argv[1:])
-    elif command == "compare":
-        compare(argv[1:])
-    elif command == "generate":
-        generate(argv[1:])
-    elif command == "export":
-        export(argv[1:])
-    elif command == "inspect":
-        inspect_cmd(argv[1:])
-    elif command == "diff":
-        diff_cmd(argv[1:])
-    elif command == "lint":
-        lint_cmd(argv[1:])
-    elif command == "corpus":
-        from spec_drafters import corpus
-
-        corpus.main(argv[1:])
+    if command in COMMANDS:
+        COMMANDS[command](argv[1:])
     elif command in ("validate", "test") and "--drafters" in argv:
         validate_many(argv)
     else:

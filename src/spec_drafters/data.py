@@ -18,28 +18,34 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
 
-def read_jsonl(path: str | Path) -> list[tuple[int, dict]]:
-    """(line number, record) pairs; a malformed line is an error that names the file and line."""
+def iter_jsonl(path: str | Path, flag: str = "--data.path"):
+    """(line number, parsed value) for every non-empty line of a .jsonl or .jsonl.gz file.
+
+    A missing file or a malformed line is an error that names the flag, the file and the line.
+    """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(
-            f"--data.path: no file {path} (run from the repository root, or give an absolute path)"
+            f"{flag}: no file {path} (run from the repository root, or give an absolute path)"
         )
     opener = gzip.open if path.suffix == ".gz" else open
-    records = []
     with opener(path, "rt", encoding="utf-8") as fh:
         for lineno, line in enumerate(fh, 1):
             if not line.strip():
                 continue
             try:
-                rec = json.loads(line)
+                yield lineno, json.loads(line)
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
-            if not isinstance(rec, dict) or not (
-                {"text"} <= rec.keys() or {"prompt", "response"} <= rec.keys()
-            ):
-                raise ValueError(f"{path}:{lineno}: a record needs 'text' or both 'prompt' and 'response'")
-            records.append((lineno, rec))
+
+
+def read_jsonl(path: str | Path) -> list[tuple[int, dict]]:
+    """(line number, record) pairs of a training file; each record has 'text' or 'prompt' + 'response'."""
+    records = []
+    for lineno, rec in iter_jsonl(path):
+        if not isinstance(rec, dict) or not ({"text"} <= rec.keys() or {"prompt", "response"} <= rec.keys()):
+            raise ValueError(f"{path}:{lineno}: a record needs 'text' or both 'prompt' and 'response'")
+        records.append((lineno, rec))
     return records
 
 

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
-import json
-from pathlib import Path
-
 from spec_drafters.registry import register
 
 
@@ -52,20 +48,12 @@ class JsonlPrompts(PromptSet):
         self.path, self.limit = path, limit
 
     def prompts(self) -> list[str]:
-        path = Path(self.path)
-        if not path.is_file():
-            raise FileNotFoundError(f"prompts file {path} does not exist")
+        from spec_drafters.data import iter_jsonl
+
         out = []
-        with (gzip.open if path.suffix == ".gz" else open)(path, "rt", encoding="utf-8") as fh:
-            for lineno, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
-                text = record.get("prompt", record.get("text")) if isinstance(record, dict) else None
-                if not isinstance(text, str):
-                    raise ValueError(f"{path}:{lineno}: a prompt record needs a 'prompt' or 'text' string")
-                out.append(text)
+        for lineno, record in iter_jsonl(self.path, flag="prompts file"):
+            text = record.get("prompt", record.get("text")) if isinstance(record, dict) else None
+            if not isinstance(text, str):
+                raise ValueError(f"{self.path}:{lineno}: a prompt record needs a 'prompt' or 'text' string")
+            out.append(text)
         return out[: self.limit] if self.limit is not None else out
