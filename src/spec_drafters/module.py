@@ -381,6 +381,7 @@ class DFlashModule(pl.LightningModule):
                 "num_layers": self.target.num_layers,
                 "hidden_size": self.target.hidden_size,
                 "vocab_size": self.target.vocab_size,
+                "tied_embeddings": self.target.lm_head.weight is self.target.embed_tokens.weight,
                 "tap_ids": self.target.tap_ids,
             },
             "fc_ids": self.fc_ids,

@@ -89,6 +89,7 @@ def _declared(config: dict) -> dict:
             "sliding_window": d.get("sliding_window"),
             "causal_block_layers": d.get("causal_block_layers"),
             "components": block.get("components"),
+            "tied_embeddings": target.get("tied_embeddings"),
         }
     if config.get("speculators_model_type") == "dflash":
         q = config.get("transformer_layer_config", {})
@@ -134,8 +135,12 @@ def inspect_drafter(path: str | Path) -> dict:
             f"layer_types has {len(types)} entries for {shapes['drafter_layers']} layers"
         )
     vocab = declared.get("vocab_size")
-    if vocab:  # the target's embedding and head, frozen (two matrices: untied in every target seen here)
-        report["frozen_parameters_shared_from_target"] = 2 * vocab * shapes["hidden_size"]
+    if vocab:  # the target's embedding and head, frozen: one matrix when the target ties them
+        matrices = 1 if declared.get("tied_embeddings") else 2
+        report["frozen_parameters_shared_from_target"] = matrices * vocab * shapes["hidden_size"]
+        report["frozen_note"] = (
+            "tied embedding/head" if matrices == 1 else "embedding + head (untied or unknown)"
+        )
     return report
 
 
@@ -166,7 +171,7 @@ def format_inspect(r: dict) -> str:
         f"  parameters: {s['trainable_parameters']:,} trainable (drafter"
         + (f" + {', '.join(s['aux_heads'])}" if s["aux_heads"] else "")
         + ")"
-        + (f", {frozen:,} frozen from the target (embedding + head)" if frozen else "")
+        + (f", {frozen:,} frozen from the target ({r['frozen_note']})" if frozen else "")
     )
     if d.get("components"):
         lines.append("  components: " + ", ".join(f"{k}={v}" for k, v in d["components"].items()))
