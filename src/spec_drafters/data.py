@@ -81,6 +81,30 @@ def collate(batch: list[Example]) -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "attention_mask": attn, "loss_mask": loss}
 
 
+class EpochShuffle(torch.utils.data.Sampler):
+    """A fresh permutation each epoch from (seed, epoch) alone, never from the global RNG.
+
+    A resumed run therefore sees the same order as an uninterrupted one, and ``skip`` drops the
+    samples of the batches it already trained on in the interrupted epoch (Lightning restores its
+    loop counters but restarts the data iterator).
+    """
+
+    def __init__(self, num_samples: int, seed: int):
+        self.num_samples, self.seed, self.epoch, self.skip = num_samples, seed, 0, 0
+
+    def set_epoch(self, epoch: int) -> None:  # Lightning calls this before every epoch
+        self.epoch = epoch
+
+    def __iter__(self):
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        order = torch.randperm(self.num_samples, generator=g).tolist()
+        skip, self.skip = self.skip, 0  # only the first epoch after a resume is cut
+        return iter(order[skip:])
+
+    def __len__(self) -> int:
+        return self.num_samples
+
+
 class TextDataModule(pl.LightningDataModule):
     """Tokenizes with the model's target tokenizer (read from the LightningModule at ``setup``).
 
@@ -92,6 +116,7 @@ class TextDataModule(pl.LightningDataModule):
         val_batch_size: sequences per validation step (default: batch_size).
         max_train_records: use only the first this many training records.
         max_val_records: use only the first this many validation records.
+        seed: the training order of every epoch (resumed runs continue it exactly).
     """
 
     def __init__(
@@ -103,6 +128,7 @@ class TextDataModule(pl.LightningDataModule):
         val_batch_size: int | None = None,
         max_train_records: int | None = None,
         max_val_records: int | None = None,
+        seed: int = 0,
     ):
         super().__init__()
         if max_length < 4:
@@ -112,6 +138,7 @@ class TextDataModule(pl.LightningDataModule):
         self.path, self.val_path, self.max_length = path, val_path, max_length
         self.batch_size, self.val_batch_size = batch_size, val_batch_size or batch_size
         self.max_train_records, self.max_val_records = max_train_records, max_val_records
+        self.seed = seed
         self.train: list[Example] = []
         self.val: list[Example] = []
 
@@ -152,7 +179,14 @@ class TextDataModule(pl.LightningDataModule):
         self.val = self._tokenize(val, self.max_val_records, "val", tokenizer)
 
     def train_dataloader(self) -> DataLoader:
-        return DataLoader(self.train, batch_size=self.batch_size, shuffle=True, collate_fn=collate)
+        sampler = EpochShuffle(len(self.train), self.seed)
+        loop = self.trainer.fit_loop if self.trainer is not None else None
+        if loop is not None and loop.restarting:  # resuming mid-epoch: skip what was trained on
+            sampler.epoch = self.trainer.current_epoch
+            # "processed": batches whose training step ran (a checkpoint written in on_train_batch_end
+            # counts its own batch as processed but not yet completed).
+            sampler.skip = loop.epoch_loop.batch_progress.current.processed * self.batch_size
+        return DataLoader(self.train, batch_size=self.batch_size, sampler=sampler, collate_fn=collate)
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(self.val, batch_size=self.val_batch_size, shuffle=False, collate_fn=collate)
