@@ -53,6 +53,7 @@ def read_jsonl(path: str | Path) -> list[tuple[int, dict]]:
 class Example:
     input_ids: list[int]
     loss_mask: list[int]
+    truncated: bool = False  # the record was longer than max_length
 
 
 def tokenize(rec: dict, tokenizer, max_length: int) -> Example | None:
@@ -65,7 +66,7 @@ def tokenize(rec: dict, tokenizer, max_length: int) -> Example | None:
     mask = ([0] * len(prompt) + [1] * len(response))[:max_length]
     if sum(mask) < 2:  # an anchor needs itself and one label
         return None
-    return Example(ids, mask)
+    return Example(ids, mask, truncated=len(prompt) + len(response) > max_length)
 
 
 def collate(batch: list[Example]) -> dict[str, torch.Tensor]:
@@ -163,8 +164,10 @@ class TextDataModule(pl.LightningDataModule):
                 skipped += 1
             else:
                 examples.append(ex)
+        truncated = sum(e.truncated for e in examples)
         rank_zero_info(
-            f"{name}: {len(examples)} sequences, {skipped} skipped (fewer than 2 supervised tokens)"
+            f"{name}: {len(examples)} sequences, {skipped} skipped (fewer than 2 supervised tokens), "
+            f"{truncated} truncated to --data.max_length {self.max_length}"
         )
         if not examples:
             raise ValueError(f"{name}: no usable sequences in {self.path}")

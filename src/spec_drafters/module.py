@@ -113,6 +113,12 @@ class DFlashModule(pl.LightningModule):
         self.save_hyperparameters({key: as_config(value) for key, value in args.items()})
         loaded = target.load()
         self.tokenizer, self.card = loaded.tokenizer, loaded.card
+        vocab = loaded.model.get_output_embeddings().weight.shape[0]
+        if not 0 <= self.card.mask_token_id < vocab:
+            raise ValueError(
+                f"--model.target: mask token id {self.card.mask_token_id} is outside the target's "
+                f"vocabulary 0..{vocab - 1}"
+            )
         self.fc_ids = injection.fc_ids(self.card)
         taps = set(injection.tap_ids(self.card)) | set(target_source.layer_ids(self.card))
         taps |= set(val_target_source.layer_ids(self.card))

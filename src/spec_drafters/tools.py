@@ -421,8 +421,9 @@ def lint_config(argv: list[str]) -> list[Finding]:
     try:
         check_argv_components(argv)
         module = load_module([*argv, *meta], quiet=True)
-    except (ValueError, KeyError) as e:
-        return [Finding("error", "config-invalid", str(e))]
+    except (ValueError, KeyError) as e:  # the module refuses to build: report why, as lint would
+        code = "mask-token-outside-vocab" if "mask token" in str(e) else "config-invalid"
+        return [Finding("error", code, str(e))]
     sample = None
     data_path = None
     for p in paths:

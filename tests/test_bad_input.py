@@ -1,0 +1,43 @@
+"""Bad input fails with the place named, or is counted and reported; never silently wrong data."""
+
+import logging
+
+import pytest
+
+from spec_drafters.cli import main
+
+TINY = ["fit", "--config", "tests/configs/tiny.yaml", "--trainer.max_steps", "1", "--trainer.logger", "false"]
+
+
+def test_bad_records_and_long_or_empty_ones(tmp_path, caplog):
+    data = tmp_path / "d.jsonl"
+    long_text = "x = 1\n" * 200  # far beyond max_length 96
+    data.write_text(
+        '{"prompt": "def f():\\n", "response": "    return 1\\n", "split": "train"}\n'
+        '{"prompt": "only a prompt", "response": "", "split": "train"}\n'  # nothing to learn: skipped
+        + f'{{"text": {long_text!r}, "split": "train"}}\n'.replace("'", '"')
+        + '{"prompt": "a", "response": "bcd efg", "split": "val"}\n'
+    )
+    with caplog.at_level(logging.INFO):
+        main([*TINY, "--data.path", str(data), "--trainer.default_root_dir", str(tmp_path)])
+    out = caplog.text
+    assert (
+        "train: 2 sequences, 1 skipped (fewer than 2 supervised tokens), 1 truncated to --data.max_length 96"
+        in out
+    )
+    data.write_text('{"prompt": "a", "response": "b", "split": "train"}\n{"prompt": oops}\n')
+    with pytest.raises(ValueError, match=r"d.jsonl:2: not valid JSON"):
+        main([*TINY, "--data.path", str(data), "--trainer.default_root_dir", str(tmp_path)])
+    with pytest.raises(FileNotFoundError, match=r"--data.path: no file"):
+        main([*TINY, "--data.path", str(tmp_path / "missing.jsonl")])
+
+
+def test_bad_target_layers_and_mask_tokens_name_the_field(tmp_path):
+    with pytest.raises(
+        ValueError, match=r"--model.injection.init_args.layer_ids has layer ids \[6\] outside"
+    ):
+        main([*TINY, "--model.injection", "ExplicitTaps", "--model.injection.init_args.layer_ids", "[1, 6]"])
+    with pytest.raises(ValueError, match=r"--model.target_source.init_args.layer_id 9"):
+        main([*TINY, "--model.target_source", "LayerLogits", "--model.target_source.init_args.layer_id", "9"])
+    with pytest.raises(ValueError, match=r"--model.target: mask token id 400 is outside"):
+        main([*TINY, "--model.target.init_args.mask_token_id", "400"])
