@@ -276,8 +276,9 @@ class _LoadOnly(SpecDraftersCLI):
         return None  # the module alone is needed; a GPU trainer preset must not stop a CPU inspection
 
 
-def load_module(argv: list[str], quiet: bool = False):
-    """A DFlashModule from LightningCLI arguments, with the checkpoint's drafter weights loaded."""
+def load_module(argv: list[str], quiet: bool = False, with_data: bool = False):
+    """A DFlashModule from LightningCLI arguments, with the checkpoint's drafter weights loaded
+    (and the data module with it when ``with_data``)."""
     from spec_drafters import callbacks  # noqa: F401
     from spec_drafters.data import TextDataModule
     from spec_drafters.module import DFlashModule
@@ -303,7 +304,7 @@ def load_module(argv: list[str], quiet: bool = False):
     elif not quiet and module.hparams.get("init_from") is None:
         print("spec-drafters: no --ckpt_path, the drafter is untrained", file=sys.stderr)
     module.drafter.to(module.target.embed_tokens.weight.dtype)  # serve in the target's dtype
-    return module.eval()
+    return (module.eval(), cli.datamodule) if with_data else module.eval()
 
 
 def generate(argv: list[str]) -> None:
@@ -384,6 +385,32 @@ def generate(argv: list[str]) -> None:
         Path(args.out).write_text("".join(json.dumps(r) + "\n" for r in rows))
         print(f"per-prompt results written to {args.out}")
     print(json.dumps(summary))
+
+
+def cache_cmd(argv: list[str]) -> None:
+    """``spec-drafters cache``: run the target once over the training data and write an offline cache."""
+    import argparse
+
+    from spec_drafters.cache import build_cache
+
+    ap = argparse.ArgumentParser(
+        prog="spec-drafters cache",
+        description="Write the tapped features and label hidden states of the training records "
+        "(train with --data.cache DIR). Other arguments (--config, --model.*, --data.*) are LightningCLI's.",
+    )
+    ap.add_argument("--out", required=True, help="the cache folder (an interrupted build resumes there)")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    ap.add_argument("--shard_records", type=int, default=64)
+    args, rest = ap.parse_known_args(argv)
+    module, data = load_module(rest, quiet=True, with_data=True)
+    train, _ = data.examples(module.tokenizer)
+    index = build_cache(module, train, args.out, args.dtype, args.shard_records, batch_size=data.batch_size)
+    per_k = index["bytes"] / max(1, index["tokens"]) * 1000
+    print(
+        f"cache {args.out}: {len(index['shards'])} shards, {index['meta']['records']} records, "
+        f"{index['tokens']} tokens, {index['bytes'] / 2**20:.1f} MiB "
+        f"({per_k / 2**20:.2f} MiB per 1k tokens, {args.dtype})"
+    )
 
 
 # --- export, inspect, diff, lint ---------------------------------------------------------------------
@@ -502,6 +529,7 @@ COMMANDS = {
     "diff": diff_cmd,
     "lint": lint_cmd,
     "corpus": _corpus,
+    "cache": cache_cmd,
 }
 
 

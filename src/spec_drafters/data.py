@@ -118,6 +118,8 @@ class TextDataModule(pl.LightningDataModule):
         max_train_records: use only the first this many training records.
         max_val_records: use only the first this many validation records.
         seed: the training order of every epoch (resumed runs continue it exactly).
+        cache: train from this offline cache (``spec-drafters cache``) instead of running the target
+            over the training text; validation stays online.
     """
 
     def __init__(
@@ -130,6 +132,7 @@ class TextDataModule(pl.LightningDataModule):
         max_train_records: int | None = None,
         max_val_records: int | None = None,
         seed: int = 0,
+        cache: str | None = None,
     ):
         super().__init__()
         if max_length < 4:
@@ -139,8 +142,8 @@ class TextDataModule(pl.LightningDataModule):
         self.path, self.val_path, self.max_length = path, val_path, max_length
         self.batch_size, self.val_batch_size = batch_size, val_batch_size or batch_size
         self.max_train_records, self.max_val_records = max_train_records, max_val_records
-        self.seed = seed
-        self.train: list[Example] = []
+        self.seed, self.cache = seed, cache
+        self.train: list = []
         self.val: list[Example] = []
 
     def _split(self) -> tuple[list[tuple[int, dict]], list[tuple[int, dict]]]:
@@ -173,13 +176,30 @@ class TextDataModule(pl.LightningDataModule):
             raise ValueError(f"{name}: no usable sequences in {self.path}")
         return examples
 
+    def examples(self, tokenizer) -> tuple[list[Example], list[Example]]:
+        """The tokenized training and validation records."""
+        train, val = self._split()
+        return (
+            self._tokenize(train, self.max_train_records, "train", tokenizer),
+            self._tokenize(val, self.max_val_records, "val", tokenizer),
+        )
+
     def setup(self, stage: str) -> None:
         if self.train or self.val:
             return
-        tokenizer = self.trainer.lightning_module.tokenizer
-        train, val = self._split()
-        self.train = self._tokenize(train, self.max_train_records, "train", tokenizer)
-        self.val = self._tokenize(val, self.max_val_records, "val", tokenizer)
+        module = self.trainer.lightning_module
+        self.train, self.val = self.examples(module.tokenizer)
+        if self.cache:
+            from spec_drafters.cache import CachedRecords
+            from spec_drafters.registry import name_of
+
+            expect = {
+                "target": module.card.name,
+                "fc_ids": module.fc_ids,
+                "label_source": name_of(module.target_source),
+            }
+            self.train = CachedRecords(self.cache, expect)
+            rank_zero_info(f"train: {len(self.train)} cached records from {self.cache}")
 
     def train_dataloader(self) -> DataLoader:
         sampler = EpochShuffle(len(self.train), self.seed)
@@ -189,6 +209,12 @@ class TextDataModule(pl.LightningDataModule):
             # "processed": batches whose training step ran (a checkpoint written in on_train_batch_end
             # counts its own batch as processed but not yet completed).
             sampler.skip = loop.epoch_loop.batch_progress.current.processed * self.batch_size
+        if self.cache:
+            from spec_drafters.cache import collate_cached
+
+            return DataLoader(
+                self.train, batch_size=self.batch_size, sampler=sampler, collate_fn=collate_cached
+            )
         return DataLoader(self.train, batch_size=self.batch_size, sampler=sampler, collate_fn=collate)
 
     def val_dataloader(self) -> DataLoader:

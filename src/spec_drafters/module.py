@@ -205,12 +205,17 @@ class DFlashModule(pl.LightningModule):
         ids, loss_mask = batch["input_ids"], batch["loss_mask"]  # (b, S)
         s = ids.shape[1]
         k = self.drafter.config.block_size
-        out = self.target(ids, attention_mask=batch["attention_mask"])
-        clean = torch.cat([out.taps[i] for i in self.fc_ids], dim=-1)  # (b, S, n*H)
+        if "features" in batch:  # offline: an offline cache holds what the target would give
+            clean = batch["features"].to(self.target.embed_tokens.weight.dtype)  # (b, S, n*H)
+            hidden = batch.get("label_hidden")  # (b, S, H) or None
+        else:
+            out = self.target(ids, attention_mask=batch["attention_mask"])
+            clean = torch.cat([out.taps[i] for i in self.fc_ids], dim=-1)  # (b, S, n*H)
+            hidden = source.predictor_hidden(self.target, out) if source.has_distribution else None
         features = clean
         if noisy:  # a new tensor: the target's outputs, which the labels read, stay untouched
             features = self.noise(clean, torch.Generator(clean.device).manual_seed(seed + 10**12))
-        labels, label_ok = source.hard_labels(self.target, out, ids)  # (b, S)
+        labels, label_ok = source.hard_labels_from(self.target, hidden, ids)  # (b, S)
         anchors, anchor_ok = sampler(loss_mask, k, torch.Generator().manual_seed(seed))  # (b, N)
         block_ids, block_pos = build_blocks(ids, anchors, k, self.drafter.config.mask_token_id)  # (b, Q)
         slot_labels, slot_ok = block_labels(labels, label_ok, loss_mask, anchors, anchor_ok, k)  # (b, N, K)
@@ -218,7 +223,7 @@ class DFlashModule(pl.LightningModule):
         if self.loss_fn.needs_distribution:
             rows, anchor_idx, slot = slot_ok.nonzero(as_tuple=True)  # (M,) each, in (b, N, K) order
             positions = anchors[rows, anchor_idx] + slot
-            target_logits = source.logits_at(self.target, out, rows, positions)  # (M, V)
+            target_logits = source.logits_from(self.target, hidden, rows, positions)  # (M, V)
         built: dict = {}
         masks = []
         for rule in self.drafter.layer_rules():  # one dense mask per distinct rule

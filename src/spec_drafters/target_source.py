@@ -52,22 +52,29 @@ class TargetSource:
         """(b, S, H), already through the final norm: lm_head of position t predicts position t + 1."""
         raise NotImplementedError
 
-    @torch.no_grad()
     def hard_labels(self, target: FrozenTarget, out: TargetOutput, input_ids: torch.Tensor):
         """(labels (b, S), valid (b, S)): the label of each position and whether it exists."""
+        hidden = self.predictor_hidden(target, out) if self.has_distribution else None
+        return self.hard_labels_from(target, hidden, input_ids)
+
+    @torch.no_grad()
+    def hard_labels_from(self, target: FrozenTarget, hidden: torch.Tensor | None, input_ids: torch.Tensor):
+        """Hard labels from the predictor hidden state (b, S, H), e.g. one read from an offline cache."""
         labels = torch.empty_like(input_ids)
-        labels[:, 1:] = chunked_argmax(target.head, self.predictor_hidden(target, out)[:, :-1])  # (b, S-1)
+        labels[:, 1:] = chunked_argmax(target.head, hidden[:, :-1])  # (b, S-1)
         labels[:, 0] = input_ids[:, 0]
         valid = torch.ones_like(input_ids, dtype=torch.bool)
         valid[:, 0] = False  # nothing predicts position 0
         return labels, valid
 
-    @torch.no_grad()
     def logits_at(
         self, target: FrozenTarget, out: TargetOutput, rows: torch.Tensor, positions: torch.Tensor
     ) -> torch.Tensor:
         """Target logits (M, V) for the labels of ``positions`` (M,) >= 1 in batch ``rows`` (M,)."""
-        hidden = self.predictor_hidden(target, out)  # (b, S, H)
+        return self.logits_from(target, self.predictor_hidden(target, out), rows, positions)
+
+    @torch.no_grad()
+    def logits_from(self, target, hidden: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor):
         return target.head(hidden[rows, positions - 1])  # (M, V)
 
 
@@ -113,8 +120,10 @@ class DatasetTokens(TargetSource):
 
     has_distribution = False
 
-    def hard_labels(self, target, out, input_ids):
+    def hard_labels_from(self, target, hidden, input_ids):
         return input_ids, torch.ones_like(input_ids, dtype=torch.bool)
 
     def logits_at(self, target, out, rows, positions):
         raise ValueError("dataset_tokens has no target distribution: soft losses need a logit-based source")
+
+    logits_from = logits_at

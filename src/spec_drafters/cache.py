@@ -1,0 +1,199 @@
+"""Offline cache of what training needs from the frozen target: run it once, train many times.
+
+Per training record the cache keeps the tokens, the loss mask, the tapped features that feed ``fc``
+(n*H per token) and, for logit-based label sources, the hidden state the labels are read from (H per
+token, already through the final norm) instead of vocabulary-wide logits: labels are recomputed from
+it with the frozen head at train time (dflash.md section 6: caches of many TB came from storing logits).
+
+Layout: ``index.json`` + ``shard-NNNNN.safetensors``; each shard holds flat ``input_ids``,
+``loss_mask``, ``features``, ``label_hidden`` over its records' tokens and ``offsets`` (records + 1).
+The index lists every finished shard with its sha256, so an interrupted build resumes where it
+stopped and a corrupt or truncated shard is reported and skipped at load time, never used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+FORMAT = 1
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(tmp, path)  # atomic: a kill never leaves a half-written index
+
+
+@torch.no_grad()
+def build_cache(
+    module,
+    examples,
+    out: str | Path,
+    dtype: str = "float32",
+    shard_records: int = 64,
+    batch_size: int = 4,
+    progress: bool = True,
+) -> dict:
+    """Runs the target over ``examples`` (data.Example) and writes the cache; returns the index."""
+    from spec_drafters.data import collate
+    from spec_drafters.registry import name_of
+
+    store = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(dtype)
+    if store is None:
+        raise ValueError(f"--dtype must be float32 or bfloat16, got {dtype!r}")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    source = module.target_source
+    meta = {
+        "format": FORMAT,
+        "target": module.card.name,
+        "fc_ids": module.fc_ids,
+        "label_source": name_of(source),
+        "label_layers": source.layer_ids(module.card),
+        "dtype": dtype,
+        "records": len(examples),
+    }
+    index_path = out / "index.json"
+    index = json.loads(index_path.read_text()) if index_path.is_file() else {"meta": meta, "shards": []}
+    if index["meta"] != meta:
+        raise ValueError(
+            f"{out}: an existing cache was built with {index['meta']}, not {meta}; use a new folder"
+        )
+    done = {s["file"]: s for s in index["shards"]}
+    starts = range(0, len(examples), shard_records)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(starts), desc="cache shards", unit="shard")
+    for shard_id, start in enumerate(starts):
+        name = f"shard-{shard_id:05d}.safetensors"
+        if name in done and (out / name).is_file() and _sha256(out / name) == done[name]["sha256"]:
+            if bar:
+                bar.update(1)
+            continue  # finished before an interruption
+        chunk = examples[start : start + shard_records]
+        parts: dict[str, list[torch.Tensor]] = {
+            "input_ids": [],
+            "loss_mask": [],
+            "features": [],
+            "label_hidden": [],
+        }
+        for b in range(0, len(chunk), batch_size):
+            group = chunk[b : b + batch_size]
+            batch = collate(group)
+            tgt = module.target
+            out_ = tgt(batch["input_ids"], attention_mask=batch["attention_mask"])
+            feats = torch.cat([out_.taps[i] for i in module.fc_ids], dim=-1)  # (b, S, n*H)
+            hidden = source.predictor_hidden(tgt, out_) if source.has_distribution else None  # (b, S, H)
+            for i, ex in enumerate(group):
+                n = len(ex.input_ids)
+                parts["input_ids"].append(torch.tensor(ex.input_ids))
+                parts["loss_mask"].append(torch.tensor(ex.loss_mask))
+                parts["features"].append(feats[i, :n].to(store))
+                if hidden is not None:
+                    parts["label_hidden"].append(hidden[i, :n].to(store))
+        lengths = torch.tensor([len(ex.input_ids) for ex in chunk])
+        tensors = {k: torch.cat(v).contiguous() for k, v in parts.items() if v}
+        tensors["offsets"] = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
+        tmp = out / (name + ".tmp")
+        save_file(tensors, str(tmp))
+        os.replace(tmp, out / name)
+        entry = {
+            "file": name,
+            "records": len(chunk),
+            "tokens": int(lengths.sum()),
+            "sha256": _sha256(out / name),
+        }
+        index["shards"] = [s for s in index["shards"] if s["file"] != name] + [entry]
+        _write_json(index_path, index)
+        if bar:
+            bar.update(1)
+    if bar:
+        bar.close()
+    index["bytes"] = sum((out / s["file"]).stat().st_size for s in index["shards"])
+    index["tokens"] = sum(s["tokens"] for s in index["shards"])
+    _write_json(index_path, index)
+    return index
+
+
+class CachedRecords(torch.utils.data.Dataset):
+    """The records of a cache; shards failing their checksum are reported and skipped, never used."""
+
+    def __init__(self, path: str | Path, expect: dict | None = None):
+        from lightning.pytorch.utilities import rank_zero_warn
+
+        path = Path(path)
+        if not (path / "index.json").is_file():
+            raise FileNotFoundError(
+                f"--data.cache: no index.json in {path} (build it with spec-drafters cache)"
+            )
+        index = json.loads((path / "index.json").read_text())
+        for key, value in (expect or {}).items():
+            if index["meta"].get(key) != value:
+                built = index["meta"].get(key)
+                raise ValueError(
+                    f"--data.cache {path} was built with {key}={built!r}, this run needs {value!r}"
+                )
+        self.items: list[dict[str, torch.Tensor]] = []
+        self.skipped: list[str] = []
+        for shard in index["shards"]:
+            file = path / shard["file"]
+            if not file.is_file() or _sha256(file) != shard["sha256"]:
+                self.skipped.append(shard["file"])
+                continue
+            t = load_file(str(file))
+            off = t["offsets"].tolist()
+            for a, b in itertools.pairwise(off):
+                item = {
+                    k: t[k][a:b] for k in ("input_ids", "loss_mask", "features", "label_hidden") if k in t
+                }
+                self.items.append(item)
+        if self.skipped:
+            rank_zero_warn(f"--data.cache: skipped shards failing their checksum or missing: {self.skipped}")
+        if not self.items:
+            raise ValueError(f"--data.cache {path}: no usable shard")
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return self.items[i]
+
+
+def collate_cached(items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Right-pads a batch of cached records: ids, masks, features (b, S, n*H), label hidden (b, S, H)."""
+    width = max(len(it["input_ids"]) for it in items)
+    b = len(items)
+    out = {
+        "input_ids": torch.zeros((b, width), dtype=torch.long),
+        "attention_mask": torch.zeros((b, width), dtype=torch.long),
+        "loss_mask": torch.zeros((b, width), dtype=torch.long),
+        "features": torch.zeros((b, width, items[0]["features"].shape[-1]), dtype=torch.float32),
+    }
+    if "label_hidden" in items[0]:
+        out["label_hidden"] = torch.zeros((b, width, items[0]["label_hidden"].shape[-1]), dtype=torch.float32)
+    for i, it in enumerate(items):
+        n = len(it["input_ids"])
+        out["input_ids"][i, :n] = it["input_ids"]
+        out["attention_mask"][i, :n] = 1
+        out["loss_mask"][i, :n] = it["loss_mask"]
+        out["features"][i, :n] = it["features"].float()
+        if "label_hidden" in out:
+            out["label_hidden"][i, :n] = it["label_hidden"].float()
+    return out
