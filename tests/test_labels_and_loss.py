@@ -15,7 +15,7 @@ def slot_batch(logits, labels, slots, target_logits=None, supervised=None, hidde
         supervised = torch.zeros((1, 1, m + 1), dtype=torch.bool)
         supervised[0, 0, 1:] = True
     hidden = torch.zeros((m, 2)) if hidden is None else hidden
-    return SlotBatch(logits, labels, slots, hidden, supervised, target_logits)
+    return SlotBatch.from_logits(logits, labels, slots, hidden, supervised, target_logits)
 
 
 def test_blocks_and_labels_by_hand():

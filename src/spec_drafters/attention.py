@@ -2,12 +2,15 @@
 
 Signature: ``fn(q, k, v, mask, scale) -> out`` with
     q (b, h, Tq, d), k and v (b, hk, Tk, d) where h is a multiple of hk (GQA),
-    mask (b, 1, Tq, Tk) bool, True = may attend, or None (every key allowed),
+    mask (b, 1, Tq, Tk) bool, True = may attend, or None (every key allowed), or a
+    :class:`~spec_drafters.masks.BlockLayout` (training: the mask in its context and in-block parts),
     out (b, h, Tq, d).
 Every row of a mask must allow at least one key (the DFlash mask always allows a query's own block).
 
-flex_attention is deliberately absent here: in torch 2.13 it has no backward on CPU, and CPU training
-must work. Its GPU path belongs with the block-sparse backends (issue 7).
+Cost in DFlash training (N blocks of K queries, S context keys): the dense kernels (``eager``, ``sdpa``)
+score N*K*(S + N*K) pairs although only N*K*(S + K) can be allowed (issue 7: about 9x at N=1024, K=32,
+S=4096); ``split`` scores exactly the N*K*(S + K) with one joint softmax; ``flex`` hands the block
+layout to flex_attention, which skips empty tiles on GPU (in torch 2.13 it has no backward on CPU).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from spec_drafters.masks import BlockLayout, as_dense
 from spec_drafters.registry import lookup, register
 
 
@@ -32,6 +36,7 @@ def eager_attention(q, k, v, mask, scale):
     k, v = repeat_kv(k, groups), repeat_kv(v, groups)  # (b, h, Tk, d)
     wide = torch.promote_types(q.dtype, torch.float32)  # fp32 softmax, fp64 stays fp64
     scores = torch.matmul(q, k.transpose(-1, -2)).to(wide) * scale  # (b, h, Tq, Tk)
+    mask = as_dense(mask)
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     probs = torch.softmax(scores, dim=-1).to(v.dtype)
@@ -43,7 +48,84 @@ def sdpa_attention(q, k, v, mask, scale):
     """PyTorch's fused scaled-dot-product attention (math or memory-efficient kernel on CPU)."""
     groups = q.shape[1] // k.shape[1]
     k, v = repeat_kv(k, groups), repeat_kv(v, groups)  # (b, h, Tk, d)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)  # (b, h, Tq, d)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=as_dense(mask), scale=scale)  # (b, h, Tq, d)
+
+
+@register("attention", "split")
+def split_attention(q, k, v, mask, scale):
+    """Exact DFlash attention in O(N*K*(S + K)): context and own-block scores, one joint softmax.
+
+    For a :class:`BlockLayout`, queries (b, h, N*K, d) score the S context keys (b, h, N*K, S) and the
+    K keys of their own block (b, h, N, K, K); the two are concatenated per query row, so the softmax is
+    the dense one's restricted to the keys it could ever allow (other blocks' keys are always masked,
+    so leaving them out changes nothing). Any other mask (serving: one block) goes to ``sdpa``.
+    """
+    if not isinstance(mask, BlockLayout):
+        return sdpa_attention(q, k, v, mask, scale)
+    b, h, nq, d = q.shape
+    kk, n = mask.block_size, mask.num_blocks
+    s = k.shape[2] - nq
+    groups = h // k.shape[1]
+    k, v = repeat_kv(k, groups), repeat_kv(v, groups)  # (b, h, S + Q, d)
+    wide = torch.promote_types(q.dtype, torch.float32)
+    ctx = torch.matmul(q, k[:, :, :s].transpose(-1, -2)).to(wide) * scale  # (b, h, Q, S)
+    ctx = ctx.masked_fill(~mask.context, float("-inf")).view(b, h, n, kk, s)  # (b, h, N, K, S)
+    qb = q.view(b, h, n, kk, d)
+    kb, vb = k[:, :, s:].view(b, h, n, kk, d), v[:, :, s:].view(b, h, n, kk, d)  # (b, h, N, K, d)
+    own = torch.matmul(qb, kb.transpose(-1, -2)).to(wide) * scale  # (b, h, N, K, K)
+    own = own.masked_fill(~mask.in_block, float("-inf"))
+    probs = torch.softmax(torch.cat([ctx, own], dim=-1), dim=-1).to(v.dtype)  # (b, h, N, K, S + K)
+    out = torch.matmul(probs[..., :s].reshape(b, h, nq, s), v[:, :, :s])  # (b, h, Q, d)
+    return out + torch.matmul(probs[..., s:], vb).reshape(b, h, nq, d)  # (b, h, Q, d)
+
+
+_flex_compiled = None
+
+
+@register("attention", "flex")
+def flex_attention_kernel(q, k, v, mask, scale):
+    """torch's flex_attention with a block mask built from the layout's predicate (GPU training).
+
+    The mask_mod reads the layout: context keys through its (b, Q, S) table, block keys by
+    same-block and the (K, K) in-block rule, so tiles with no allowed pair are skipped. Compiled on
+    CUDA (flex_attention's fast path); on CPU it runs uncompiled and forward only in torch 2.13.
+    """
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    global _flex_compiled
+    b, h, nq, _ = q.shape
+    nk = k.shape[2]
+    layout = mask
+    if layout is not None and not isinstance(layout, BlockLayout):  # a dense mask: read it directly
+        dense = layout
+
+        def mask_mod(bi, hi, qi, ki):
+            return dense[bi, 0, qi, ki]
+    elif layout is None:
+
+        def mask_mod(bi, hi, qi, ki):
+            return qi >= 0
+    else:
+        ctx, in_block, kk = layout.context, layout.in_block, layout.block_size
+        s = nk - nq
+
+        def mask_mod(bi, hi, qi, ki):
+            in_ctx = ki < s
+            kc = torch.clamp(ki, max=s - 1)
+            kb = torch.clamp(ki - s, min=0)
+            see_ctx = in_ctx & ctx[bi, 0, qi, kc]
+            see_own = ~in_ctx & (qi // kk == kb // kk) & in_block[qi % kk, kb % kk]
+            return see_ctx | see_own
+
+    device = q.device
+    block = create_block_mask(mask_mod, b, None, nq, nk, device=device)
+    fn = flex_attention
+    if device.type == "cuda":
+        if _flex_compiled is None:
+            _flex_compiled = torch.compile(flex_attention, dynamic=False)
+        fn = _flex_compiled
+    groups = h // k.shape[1]
+    return fn(q, k, v, block_mask=block, scale=scale, enable_gqa=groups > 1)  # (b, h, Q, d)
 
 
 def get_attention(name: str):

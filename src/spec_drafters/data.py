@@ -15,7 +15,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_info
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, DistributedSampler
 
 
 def iter_jsonl(path: str | Path, flag: str = "--data.path"):
@@ -82,28 +82,48 @@ def collate(batch: list[Example]) -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "attention_mask": attn, "loss_mask": loss}
 
 
-class EpochShuffle(torch.utils.data.Sampler):
-    """A fresh permutation each epoch from (seed, epoch) alone, never from the global RNG.
+class EpochShuffle(DistributedSampler):
+    """A fresh permutation each epoch from (seed, epoch) alone, never from the global RNG, cut in
+    global batches of ``batch_size * num_replicas``; rank r takes the r-th ``batch_size`` of each.
 
-    A resumed run therefore sees the same order as an uninterrupted one, and ``skip`` drops the
-    samples of the batches it already trained on in the interrupted epoch (Lightning restores its
-    loop counters but restarts the data iterator).
+    So a run on W data-parallel ranks trains step for step on the same sequences as one process
+    with a W times larger batch (the rows in rank order), and a resumed run sees the same order as
+    an uninterrupted one: ``skip_batches`` drops the global batches it already trained on in the
+    interrupted epoch (Lightning restores its loop counters but restarts the data iterator). With
+    W > 1 an incomplete last global batch is dropped (ranks must take the same number of steps).
+    A DistributedSampler subclass, so Lightning keeps it instead of wrapping it in its own.
     """
 
-    def __init__(self, num_samples: int, seed: int):
-        self.num_samples, self.seed, self.epoch, self.skip = num_samples, seed, 0, 0
+    def __init__(
+        self, num_samples: int, seed: int, batch_size: int = 1, num_replicas: int = 1, rank: int = 0
+    ):
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"rank {rank} outside 0..{num_replicas - 1}")
+        self.total, self.seed, self.epoch, self.skip_batches = num_samples, seed, 0, 0
+        self.batch_size, self.num_replicas, self.rank = batch_size, num_replicas, rank
 
     def set_epoch(self, epoch: int) -> None:  # Lightning calls this before every epoch
         self.epoch = epoch
 
-    def __iter__(self):
+    def _global_batches(self) -> list[list[int]]:
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-        order = torch.randperm(self.num_samples, generator=g).tolist()
-        skip, self.skip = self.skip, 0  # only the first epoch after a resume is cut
-        return iter(order[skip:])
+        order = torch.randperm(self.total, generator=g).tolist()
+        width = self.batch_size * self.num_replicas
+        batches = [order[i : i + width] for i in range(0, self.total, width)]
+        if self.num_replicas > 1 and batches and len(batches[-1]) < width:
+            batches.pop()
+        return batches
+
+    def __iter__(self):
+        skip, self.skip_batches = self.skip_batches, 0  # only the first epoch after a resume is cut
+        lo, hi = self.rank * self.batch_size, (self.rank + 1) * self.batch_size
+        return iter([i for batch in self._global_batches()[skip:] for i in batch[lo:hi]])
 
     def __len__(self) -> int:
-        return self.num_samples
+        return sum(
+            len(b[self.rank * self.batch_size : (self.rank + 1) * self.batch_size])
+            for b in self._global_batches()
+        )
 
 
 class TextDataModule(pl.LightningDataModule):
@@ -202,13 +222,15 @@ class TextDataModule(pl.LightningDataModule):
             rank_zero_info(f"train: {len(self.train)} cached records from {self.cache}")
 
     def train_dataloader(self) -> DataLoader:
-        sampler = EpochShuffle(len(self.train), self.seed)
-        loop = self.trainer.fit_loop if self.trainer is not None else None
+        trainer = self.trainer
+        world, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+        sampler = EpochShuffle(len(self.train), self.seed, self.batch_size, world, rank)
+        loop = trainer.fit_loop if trainer is not None else None
         if loop is not None and loop.restarting:  # resuming mid-epoch: skip what was trained on
-            sampler.epoch = self.trainer.current_epoch
+            sampler.epoch = trainer.current_epoch
             # "processed": batches whose training step ran (a checkpoint written in on_train_batch_end
             # counts its own batch as processed but not yet completed).
-            sampler.skip = loop.epoch_loop.batch_progress.current.processed * self.batch_size
+            sampler.skip_batches = loop.epoch_loop.batch_progress.current.processed
         if self.cache:
             from spec_drafters.cache import collate_cached
 

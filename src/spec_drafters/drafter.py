@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
 
 from spec_drafters.attention import get_attention
@@ -217,7 +218,14 @@ class DecoderLayer(nn.Module):
         # input_layernorm: ctx is already RMS-normalised by hidden_norm (as in z-lab's model).
         return self.self_attn.project_kv(ctx, cos, sin)
 
-    def forward(self, x, cos, sin, ctx_k, ctx_v, mask):
+    def forward(self, x, cos, sin, context, mask):
+        """``context``: this layer's cached (keys, values), or (ctx (b, S, H), cos, sin) to project here.
+
+        Projecting the context inside this forward (training) keeps every use of the layer's weights
+        within one call, which FSDP2 needs: ``fully_shard`` gathers a layer's weights around its
+        forward only.
+        """
+        ctx_k, ctx_v = self.context_kv(*context) if len(context) == 3 else context  # (b, hk, S, d)
         x = x + self.self_attn(self.input_layernorm(x), cos, sin, ctx_k, ctx_v, mask)  # (b, Q, H)
         return x + self.mlp(self.post_attention_layernorm(x))  # (b, Q, H)
 
@@ -231,6 +239,7 @@ class DFlashDrafter(nn.Module):
         self.hidden_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.checkpoint_layers = False  # activation checkpointing per layer (set by the module)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -259,17 +268,39 @@ class DFlashDrafter(nn.Module):
         self,
         block_embeds: torch.Tensor,  # (b, Q, H) target embeddings of [anchor, MASK...] per block
         block_positions: torch.Tensor,  # (b, Q) absolute positions p_j + k
-        context_kv: list[tuple[torch.Tensor, torch.Tensor]],  # from encode_context or a ContextCache
-        masks: list[torch.Tensor | None] | None = None,  # per layer (b, 1, Q, S + Q); None at inference
+        context_kv: list[tuple[torch.Tensor, torch.Tensor]] | None = None,  # from a ContextCache
+        masks: list | None = None,  # per layer: (b, 1, Q, S + Q) bool or a BlockLayout; None at inference
+        *,
+        taps: torch.Tensor | None = None,  # (b, S, n*H) training: the context's tapped features
+        context_positions: torch.Tensor | None = None,  # (b, S) their absolute positions
     ) -> torch.Tensor:
+        """Final hidden state (b, Q, H) of every block token; logits = target lm_head(this).
+
+        The context comes either as per-layer keys/values (serving, from :class:`ContextCache`) or
+        as tapped features (training), which are encoded here so that all weights are used inside
+        this call and the layers' own (FSDP2 gathers weights per forward).
+        """
+        if (context_kv is None) == (taps is None):
+            raise ValueError("DFlashDrafter.forward: give exactly one of context_kv and taps")
         x = block_embeds
         cos, sin = self._rope(block_positions, x.dtype)
+        if taps is not None:
+            if context_positions is None:
+                b, s, _ = taps.shape
+                context_positions = torch.arange(s, device=taps.device).expand(b, s)  # (b, S)
+            ctx = self.hidden_norm(self.fc(taps))  # (b, S, H)
+            contexts = [(ctx, *self._rope(context_positions, ctx.dtype))] * len(self.layers)
+        else:
+            contexts = context_kv
         if masks is None:  # serving: one block right after the S committed context positions
-            ctx_len = context_kv[0][0].shape[2]
+            ctx_len = contexts[0][0].shape[-2]
             masks = [inference_mask(ctx_len, block_positions, a) for a in self.layer_rules()]
-        for layer, (ctx_k, ctx_v), mask in zip(self.layers, context_kv, masks, strict=True):
-            x = layer(x, cos, sin, ctx_k, ctx_v, mask)  # (b, Q, H)
-        return self.norm(x)  # (b, Q, H); logits = target lm_head(this)
+        for layer, context, mask in zip(self.layers, contexts, masks, strict=True):
+            if self.checkpoint_layers and torch.is_grad_enabled():  # recompute in backward, keep less
+                x = torch.utils.checkpoint.checkpoint(layer, x, cos, sin, context, mask, use_reentrant=False)
+            else:
+                x = layer(x, cos, sin, context, mask)  # (b, Q, H)
+        return self.norm(x)  # (b, Q, H)
 
     def layer_rules(self) -> list[LayerAttention]:
         return [self.config.layer_attention(i) for i in range(self.config.num_layers)]

@@ -16,10 +16,12 @@ normalised by the sum of the weights (SpecForge; speculators divides by the coun
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import nn
 
 from spec_drafters.registry import register
@@ -27,18 +29,84 @@ from spec_drafters.registry import register
 
 @dataclass
 class SlotBatch:
-    """The M supervised (anchor, slot) pairs of one step."""
+    """The M supervised (anchor, slot) pairs of one step.
 
-    logits: torch.Tensor  # (M, V) drafter logits
+    Losses read per-row terms through :meth:`per_row`, which applies the frozen head in chunks of
+    ``chunk_rows`` rows under activation checkpointing: the (M, V) logits then never exist at once,
+    in forward or backward (issue 6/7: M = N*K can reach 32k, V 248k). With ``chunk_rows=None`` the
+    whole (M, V) block is computed once and kept (``logits``).
+    """
+
+    hidden: torch.Tensor  # (M, H) drafter final hidden state (after its norm)
     labels: torch.Tensor  # (M,) hard labels from the target source
     slots: torch.Tensor  # (M,) slot k in 1..K-1
-    hidden: torch.Tensor  # (M, H) drafter final hidden state (after its norm), for auxiliary heads
     supervised: torch.Tensor  # (b, N, K) bool: where the M rows sit, row-major
-    target_logits: torch.Tensor | None = None  # (M, V) target logits, for losses with needs_distribution
+    head: Callable[[torch.Tensor], torch.Tensor]  # the target's frozen lm_head, (.., H) -> (.., V)
+    teacher: Callable[[slice], torch.Tensor] | None = None  # rows -> (C, V) target logits (soft losses)
+    chunk_rows: int | None = None
+    denominator: Callable[[torch.Tensor], torch.Tensor] | None = None
+    """Maps this rank's weight sum to the normaliser (data parallel: the mean over ranks, so that the
+    averaged gradients equal one process's on the whole batch). None: the local sum."""
+
+    @classmethod
+    def from_logits(cls, logits, labels, slots, hidden, supervised, target_logits=None) -> SlotBatch:
+        """A batch over given (M, V) logits (tests, tools): the head is the identity."""
+        teacher = None if target_logits is None else (lambda rows: target_logits[rows])
+        return cls(hidden, labels, slots, supervised, head=lambda x: x, teacher=teacher, _logits=logits)
+
+    _logits: torch.Tensor | None = None
 
     @property
     def empty(self) -> bool:
         return self.labels.numel() == 0
+
+    @property
+    def logits(self) -> torch.Tensor:
+        """(M, V), all at once: for validation metrics; training losses use :meth:`per_row`."""
+        if self._logits is None:
+            self._logits = self.head(self.hidden)
+        return self._logits
+
+    @property
+    def target_logits(self) -> torch.Tensor | None:
+        return None if self.teacher is None else self.teacher(slice(None))
+
+    def _chunks(self) -> list[slice]:
+        m = self.labels.shape[0]
+        if self.chunk_rows is None or self._logits is not None or m <= self.chunk_rows:
+            return [slice(None)]
+        return [slice(i, min(i + self.chunk_rows, m)) for i in range(0, m, self.chunk_rows)]
+
+    def per_row(self, fn: Callable[[torch.Tensor, slice], torch.Tensor]) -> torch.Tensor:
+        """(M,) values of ``fn(logits (C, V), rows)`` over row chunks, the head recomputed in backward."""
+        chunks = self._chunks()
+        if len(chunks) == 1:
+            return fn(self.logits, slice(None))
+
+        def piece(h: torch.Tensor, rows: slice) -> torch.Tensor:
+            return fn(self.head(h), rows)
+
+        return torch.cat(
+            [
+                torch.utils.checkpoint.checkpoint(piece, self.hidden[rows], rows, use_reentrant=False)
+                for rows in chunks
+            ]
+        )
+
+    @torch.no_grad()
+    def argmax(self) -> torch.Tensor:
+        """(M,) the drafter's top token per row, chunk by chunk."""
+        chunks = self._chunks()
+        if len(chunks) == 1:
+            return self.logits.argmax(-1)
+        return torch.cat([self.head(self.hidden[rows]).argmax(-1) for rows in chunks])
+
+    def mean(self, values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+        """sum(w * v) / the normaliser of sum(w) (see ``denominator``)."""
+        total = weights.sum()
+        if self.denominator is not None:
+            total = self.denominator(total.detach())
+        return (weights * values).sum() / total
 
 
 def slot_weights(slots: torch.Tensor, gamma: float | None) -> torch.Tensor:
@@ -93,7 +161,11 @@ class DraftLoss(nn.Module):
 
 def _zero(batch: SlotBatch) -> dict[str, torch.Tensor]:
     # A batch without supervised slots contributes nothing, but keeps the graph connected.
-    return {"loss": batch.logits.sum() * 0.0}
+    return {"loss": batch.hidden.sum() * 0.0}
+
+
+def _ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.float(), labels, reduction="none")  # (C,)
 
 
 @register("loss", "hard_ce")
@@ -111,8 +183,8 @@ class HardCE(DraftLoss):
     def forward(self, batch):
         if batch.empty:
             return _zero(batch)
-        ce = F.cross_entropy(batch.logits.float(), batch.labels, reduction="none")  # (M,)
-        return {"loss": weighted_mean(ce, slot_weights(batch.slots, self.gamma))}
+        ce = batch.per_row(lambda logits, rows: _ce(logits, batch.labels[rows]))  # (M,)
+        return {"loss": batch.mean(ce, slot_weights(batch.slots, self.gamma))}
 
 
 @register("loss", "soft_kl")
@@ -134,8 +206,9 @@ class SoftKL(DraftLoss):
     def forward(self, batch):
         if batch.empty:
             return _zero(batch)
-        kl = forward_kl(batch.logits, batch.target_logits, self.temperature)  # (M,)
-        return {"loss": weighted_mean(kl, slot_weights(batch.slots, self.gamma))}
+        t = self.temperature
+        kl = batch.per_row(lambda logits, rows: forward_kl(logits, batch.teacher(rows), t))  # (M,)
+        return {"loss": batch.mean(kl, slot_weights(batch.slots, self.gamma))}
 
 
 @register("loss", "ce_kl_blend")
@@ -161,9 +234,14 @@ class CEKLBlend(DraftLoss):
     def forward(self, batch):
         if batch.empty:
             return _zero(batch)
-        w = slot_weights(batch.slots, self.gamma)
-        ce = weighted_mean(F.cross_entropy(batch.logits.float(), batch.labels, reduction="none"), w)
-        kl = weighted_mean(forward_kl(batch.logits, batch.target_logits, self.temperature), w)
+        w, t = slot_weights(batch.slots, self.gamma), self.temperature
+
+        def both(logits, rows):  # one head application per chunk for both terms
+            ce = _ce(logits, batch.labels[rows])
+            return torch.stack([ce, forward_kl(logits, batch.teacher(rows), t)], dim=-1)  # (C, 2)
+
+        terms = batch.per_row(both)  # (M, 2)
+        ce, kl = batch.mean(terms[:, 0], w), batch.mean(terms[:, 1], w)
         return {"loss": ce + self.alpha * kl, "ce": ce.detach(), "kl": kl.detach()}
 
 
@@ -229,12 +307,13 @@ class CAP(DraftLoss):
             return {**out, "loss": out["loss"] + self.head.weight.sum() * 0.0}
         sup = batch.supervised
         hit = torch.zeros_like(sup)
-        hit[sup] = batch.logits.argmax(-1) == batch.labels
+        hit[sup] = batch.argmax() == batch.labels
         accepted, known = accepted_indicator(hit, sup)
         rows = known[sup]  # (M,) which of the M rows have a defined acceptance
         hidden = batch.hidden.detach() if self.detach_hidden else batch.hidden
         logit = self.head(hidden[rows]).squeeze(-1).float()  # (M',)
         target = accepted[sup][rows].float()  # (M',), detached by construction (argmax)
-        bce = F.binary_cross_entropy_with_logits(logit, target) if rows.any() else logit.sum() * 0.0
+        bce = F.binary_cross_entropy_with_logits(logit, target, reduction="none")  # (M',)
+        bce = batch.mean(bce, torch.ones_like(bce)) if rows.any() else logit.sum() * 0.0
         main = out.pop("loss")
         return {"loss": main + self.weight * bce, **out, "main": main.detach(), "cap_bce": bce.detach()}

@@ -85,6 +85,66 @@ def training_mask(
     return torch.cat([ctx, blk], dim=-1)[:, None]  # (b, 1, Q, S + Q)
 
 
+@dataclass
+class BlockLayout:
+    """The training mask of one layer kept in its two parts, so kernels need not build the dense one.
+
+    Keys are ``[S context | N blocks of K]``. A query may see context keys where ``context`` says so,
+    keys of its own block where ``in_block`` says so, and nothing of other blocks. Stored that way the
+    mask costs N*K*S + K*K instead of N*K*(S + N*K): the block-sparse kernels (``split``, ``flex``)
+    read the parts, the dense kernels call :meth:`dense` (built once, then cached).
+    """
+
+    context: torch.Tensor  # (b, 1, N*K, S) bool
+    in_block: torch.Tensor  # (K, K) bool, the same for every block
+    block_size: int
+    _dense: torch.Tensor | None = None
+
+    @property
+    def num_blocks(self) -> int:
+        return self.context.shape[2] // self.block_size
+
+    def dense(self) -> torch.Tensor:
+        """(b, 1, N*K, S + N*K): the mask as one tensor, as :func:`training_mask` returns it."""
+        if self._dense is None:
+            b, _, q, _ = self.context.shape
+            n = self.num_blocks
+            same = torch.eye(n, dtype=torch.bool, device=self.context.device)  # (N, N)
+            blk = (same[:, None, :, None] & self.in_block[None, :, None, :]).reshape(q, q)  # (Q, Q)
+            self._dense = torch.cat([self.context, blk[None, None].expand(b, 1, q, q)], dim=-1)
+        return self._dense
+
+
+def as_dense(mask) -> torch.Tensor | None:
+    """A kernel's mask argument (tensor, :class:`BlockLayout` or None) as a dense tensor or None."""
+    return mask.dense() if isinstance(mask, BlockLayout) else mask
+
+
+def training_layout(
+    anchors: torch.Tensor,  # (b, N) anchor positions
+    anchor_valid: torch.Tensor,  # (b, N) bool
+    seq_len: int,
+    block_size: int,
+    layer: LayerAttention = LayerAttention(),
+) -> BlockLayout:
+    """The training mask of one layer kind in block form; ``.dense()`` equals :func:`training_mask`."""
+    n = anchors.shape[1]
+    device = anchors.device
+    q_block = torch.arange(n, device=device).repeat_interleave(block_size)  # (Q,)
+    q_slot = torch.arange(block_size, device=device).repeat(n)  # (Q,)
+    q_anchor = anchors[:, q_block]  # (b, Q)
+    kv_pos = torch.arange(seq_len, device=device)  # (S,)
+    ctx = context_before_anchor(q_anchor[:, :, None], kv_pos[None, None, :])  # (b, Q, S)
+    if layer.window is not None:
+        ctx = ctx & within_window((q_anchor + q_slot)[:, :, None], kv_pos[None, None, :], layer.window)
+    ctx = ctx & anchor_valid[:, q_block][:, :, None]
+    slot = torch.arange(block_size, device=device)
+    in_block = torch.ones((block_size, block_size), dtype=torch.bool, device=device)
+    if layer.causal_block:
+        in_block = causal_in_block(slot[:, None], slot[None, :])  # (K, K)
+    return BlockLayout(ctx[:, None], in_block, block_size)
+
+
 def inference_mask(ctx_len: int, block_positions: torch.Tensor, layer: LayerAttention) -> torch.Tensor | None:
     """The serving mask (b, 1, T, S + T) for one block after S committed context positions.
 
@@ -117,6 +177,12 @@ class DrafterMask:
     def training_mask(self, anchors, anchor_valid, seq_len: int, block_size: int, layer: LayerAttention):
         """The dense training mask of one layer rule (b, 1, N*K, S + N*K); see :func:`training_mask`."""
         return training_mask(anchors, anchor_valid, seq_len, block_size, layer)
+
+    def training_layout(
+        self, anchors, anchor_valid, seq_len: int, block_size: int, layer: LayerAttention
+    ) -> BlockLayout:
+        """The same mask in block form (what training passes to the kernels); see :class:`BlockLayout`."""
+        return training_layout(anchors, anchor_valid, seq_len, block_size, layer)
 
 
 @register("mask", "dflash_block")

@@ -14,6 +14,7 @@ import contextlib
 import json
 import math
 import warnings
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -40,6 +41,11 @@ from spec_drafters.verifiers import GreedyChain, Verifier
 warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
 
 
+def _row_seed(seed: int, row: int) -> int:
+    """The seed of one sequence's draws: its step seed and its row in the global batch."""
+    return seed * 1_000_003 + row
+
+
 @dataclass
 class StepInputs:
     """Everything one teacher-forced step feeds the drafter and the loss."""
@@ -52,8 +58,8 @@ class StepInputs:
     block_pos: torch.Tensor  # (b, Q) absolute positions
     labels: torch.Tensor  # (b, N, K) slot labels
     supervised: torch.Tensor  # (b, N, K) bool
-    target_logits: torch.Tensor | None  # (M, V) for soft losses, rows in (b, N, K) order
-    masks: list[torch.Tensor]  # per drafter layer (b, 1, Q, S + Q)
+    teacher: Callable[[slice], torch.Tensor] | None  # rows of the M -> (C, V) target logits (soft losses)
+    masks: list  # per drafter layer: a BlockLayout, or a dense (b, 1, Q, S + Q) from a plugin mask
 
 
 class DFlashModule(pl.LightningModule):
@@ -76,6 +82,10 @@ class DFlashModule(pl.LightningModule):
         init_from: a drafter folder (any layout: ours, z-lab's, speculators') whose weights start this
             drafter; its fc layers and shape must be this config's (e.g. to validate a reference drafter).
         val_anchors: anchors per validation sequence (full blocks only, fixed seed).
+        loss_chunk_rows: apply the frozen head and the loss to this many supervised slots at a time,
+            recomputed in backward, so the (M, V) logits never exist at once (null: all at once).
+        activation_checkpointing: recompute each drafter layer in backward instead of keeping its
+            activations (less memory, about one more forward of time).
         lr: peak AdamW learning rate (the released drafters used 6e-4).
         weight_decay: AdamW weight decay.
         warmup_fraction: linear warmup as a fraction of all steps, then cosine decay.
@@ -98,6 +108,8 @@ class DFlashModule(pl.LightningModule):
         eval_verifiers: list[Verifier] | None = None,
         init_from: str | None = None,
         val_anchors: int = 64,
+        loss_chunk_rows: int | None = None,
+        activation_checkpointing: bool = False,
         lr: float = 6e-4,
         weight_decay: float = 0.0,
         warmup_fraction: float = 0.04,
@@ -146,6 +158,10 @@ class DFlashModule(pl.LightningModule):
         self.mask, self.anchors, self.verifier = mask, anchors, verifier
         if val_anchors < 1:
             raise ValueError(f"--model.val_anchors must be >= 1, got {val_anchors}")
+        if loss_chunk_rows is not None and loss_chunk_rows < 1:
+            raise ValueError(f"--model.loss_chunk_rows must be >= 1 or null, got {loss_chunk_rows}")
+        self.loss_chunk_rows = loss_chunk_rows
+        self.drafter.checkpoint_layers = activation_checkpointing
         self.val_sampler = UniformAnchors(max_anchors=val_anchors, require_full_block=True)
         self.val_acc = SlotAccuracy(cfg.block_size)
         # Offline acceptance per verifier: the greedy chain always (val/tau), the configured verifier
@@ -212,23 +228,46 @@ class DFlashModule(pl.LightningModule):
             out = self.target(ids, attention_mask=batch["attention_mask"])
             clean = torch.cat([out.taps[i] for i in self.fc_ids], dim=-1)  # (b, S, n*H)
             hidden = source.predictor_hidden(self.target, out) if source.has_distribution else None
+        # Random draws are per sequence, seeded by (step seed, the sequence's row in the global batch):
+        # a batch split over data-parallel ranks draws exactly what one process would on all of it.
+        rows = range(self.global_rank * ids.shape[0], (self.global_rank + 1) * ids.shape[0])
         features = clean
         if noisy:  # a new tensor: the target's outputs, which the labels read, stay untouched
-            features = self.noise(clean, torch.Generator(clean.device).manual_seed(seed + 10**12))
+            features = torch.cat(
+                [
+                    self.noise(
+                        clean[i : i + 1],
+                        torch.Generator(clean.device).manual_seed(_row_seed(seed + 10**12, r)),
+                    )
+                    for i, r in enumerate(rows)
+                ]
+            )  # (b, S, n*H)
         labels, label_ok = source.hard_labels_from(self.target, hidden, ids)  # (b, S)
-        anchors, anchor_ok = sampler(loss_mask, k, torch.Generator().manual_seed(seed))  # (b, N)
+        drawn = [
+            sampler(loss_mask[i : i + 1], k, torch.Generator().manual_seed(_row_seed(seed, r)))
+            for i, r in enumerate(rows)
+        ]
+        anchors = torch.cat([a for a, _ in drawn])  # (b, N)
+        anchor_ok = torch.cat([ok for _, ok in drawn])  # (b, N)
         block_ids, block_pos = build_blocks(ids, anchors, k, self.drafter.config.mask_token_id)  # (b, Q)
         slot_labels, slot_ok = block_labels(labels, label_ok, loss_mask, anchors, anchor_ok, k)  # (b, N, K)
-        target_logits = None
+        teacher = None
         if self.loss_fn.needs_distribution:
-            rows, anchor_idx, slot = slot_ok.nonzero(as_tuple=True)  # (M,) each, in (b, N, K) order
-            positions = anchors[rows, anchor_idx] + slot
-            target_logits = source.logits_from(self.target, hidden, rows, positions)  # (M, V)
+            b_idx, anchor_idx, slot = slot_ok.nonzero(as_tuple=True)  # (M,) each, in (b, N, K) order
+            positions = anchors[b_idx, anchor_idx] + slot
+
+            @torch.no_grad()
+            def teacher(sel: slice) -> torch.Tensor:  # (C, V), computed per chunk when the loss asks
+                return source.logits_from(self.target, hidden, b_idx[sel], positions[sel])
+
+        # A mask component that overrides the dense training_mask (an older plugin) is used as is.
+        dense_only = type(self.mask).training_mask is not DrafterMask.training_mask
+        build = self.mask.training_mask if dense_only else self.mask.training_layout
         built: dict = {}
         masks = []
-        for rule in self.drafter.layer_rules():  # one dense mask per distinct rule
+        for rule in self.drafter.layer_rules():  # one mask per distinct rule
             if rule not in built:
-                built[rule] = self.mask.training_mask(anchors, anchor_ok, s, k, rule)  # (b, 1, Q, S + Q)
+                built[rule] = build(anchors, anchor_ok, s, k, rule)
             masks.append(built[rule])
         return StepInputs(
             features,
@@ -239,34 +278,40 @@ class DFlashModule(pl.LightningModule):
             block_pos,
             slot_labels,
             slot_ok,
-            target_logits,
+            teacher,
             masks,
         )
 
     def draft_hidden(self, inp: StepInputs) -> torch.Tensor:
         """The drafter's final hidden state for every block slot: (b, N, K, H)."""
-        b, s, _ = inp.features.shape
-        ctx_pos = torch.arange(s, device=inp.features.device).expand(b, s)  # (b, S)
+        b = inp.features.shape[0]
         hidden = self.drafter(
-            self.target.embed(inp.block_ids),
-            inp.block_pos,
-            self.drafter.encode_context(inp.features, ctx_pos),
-            inp.masks,
+            self.target.embed(inp.block_ids), inp.block_pos, masks=inp.masks, taps=inp.features
         )
         return hidden.view(b, inp.anchors.shape[1], self.drafter.config.block_size, -1)  # (b, N, K, H)
 
     def slot_batch(self, hidden: torch.Tensor, inp: StepInputs) -> SlotBatch:
         ok = inp.supervised
         slots = torch.arange(hidden.shape[2], device=hidden.device).expand(ok.shape)  # (b, N, K)
-        h = hidden[ok]  # (M, H)
         return SlotBatch(
-            logits=self.target.head(h),  # (M, V): only supervised slots reach the head
+            hidden=hidden[ok],  # (M, H): only supervised slots ever reach the head
             labels=inp.labels[ok],
             slots=slots[ok],
-            hidden=h,
             supervised=ok,
-            target_logits=inp.target_logits,
+            head=self.target.head,
+            teacher=inp.teacher,
+            chunk_rows=self.loss_chunk_rows if self.training else None,
+            denominator=self._global_mean if self.trainer_world_size() > 1 else None,
         )
+
+    def trainer_world_size(self) -> int:
+        return self._trainer.world_size if self._trainer is not None else 1
+
+    def _global_mean(self, local: torch.Tensor) -> torch.Tensor:
+        """The mean over data-parallel ranks of a per-rank normaliser (no gradient flows through it)."""
+        total = local.detach().clone()
+        torch.distributed.all_reduce(total)
+        return total / torch.distributed.get_world_size()
 
     def _seed(self, offset: int) -> int:
         return self.hparams.seed * 1_000_003 + offset
@@ -276,9 +321,11 @@ class DFlashModule(pl.LightningModule):
         inp = self.prepare(batch, self.anchors, self._seed(self.global_step), noisy=True)
         sb = self.slot_batch(self.draft_hidden(inp), inp)
         parts = self.loss_fn(sb)
-        acc = (sb.logits.argmax(-1) == sb.labels).float().mean() if not sb.empty else torch.zeros(())
+        acc = (sb.argmax() == sb.labels).float().mean() if not sb.empty else torch.zeros(())
         bsz = batch["input_ids"].shape[0]
-        self.log("train/loss", parts["loss"], prog_bar=True, batch_size=bsz)
+        # sync_dist: with data parallelism each rank's loss is its share of the global-batch loss
+        # (see SlotBatch.denominator), so the mean over ranks is the loss of the whole batch.
+        self.log("train/loss", parts["loss"], prog_bar=True, batch_size=bsz, sync_dist=True)
         for key, value in parts.items():
             if key != "loss":
                 self.log(f"train/{key}", value, batch_size=bsz)
@@ -365,6 +412,27 @@ class DFlashModule(pl.LightningModule):
             max_new_tokens,
             self.card.eos_token_ids,
         )
+
+    # --- sharding ---------------------------------------------------------------------------------
+    def configure_model(self) -> None:
+        """FSDP2 under Lightning's ``ModelParallelStrategy``: ``fully_shard`` per drafter layer, then the
+        drafter's root (fc, norms) and any trained auxiliary head. The frozen target is replicated: it
+        has no gradients or optimizer state to shard, and every rank runs it on its own batch.
+        Without a device mesh (single process, DDP) this does nothing.
+        """
+        mesh = self._device_mesh
+        if mesh is None or getattr(self, "_sharded", False):
+            return
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        dp = mesh["data_parallel"] if "data_parallel" in (mesh.mesh_dim_names or ()) else mesh
+        policy = MixedPrecisionPolicy()  # parameters and gradient reduction in the stored dtype
+        for layer in self.drafter.layers:
+            fully_shard(layer, mesh=dp, mp_policy=policy)
+        fully_shard(self.drafter, mesh=dp, mp_policy=policy)
+        if any(p.requires_grad for p in self.loss_fn.parameters()):
+            fully_shard(self.loss_fn, mesh=dp, mp_policy=policy)
+        self._sharded = True
 
     # --- optimisation -----------------------------------------------------------------------------
     def configure_optimizers(self):

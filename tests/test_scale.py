@@ -1,0 +1,124 @@
+"""Memory options that must not change the numbers: the chunked vocabulary loss, activation
+checkpointing, and the block-sparse attention kernels against the dense eager reference."""
+
+import pytest
+import torch
+
+from conftest import tiny_drafter, tiny_target
+from spec_drafters.anchors import UniformAnchors
+from spec_drafters.attention import eager_attention, flex_attention_kernel, split_attention
+from spec_drafters.losses import CAP, CEKLBlend, HardCE, SlotBatch, SoftKL
+from spec_drafters.masks import LayerAttention, training_layout, training_mask
+
+RULES = [LayerAttention(), LayerAttention(window=6), LayerAttention(causal_block=True)]
+
+
+def _layout(rule, b=2, s=30, n=5, k=4, seed=0):
+    loss_mask = torch.ones((b, s), dtype=torch.long)
+    loss_mask[1, 20:] = 0  # a shorter second row: some padded anchors
+    anchors, ok = UniformAnchors(n)(loss_mask, k, torch.Generator().manual_seed(seed))
+    return anchors, ok, training_layout(anchors, ok, s, k, rule)
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_block_layout_is_the_dense_mask(rule):
+    anchors, ok, layout = _layout(rule)
+    assert torch.equal(layout.dense(), training_mask(anchors, ok, 30, 4, rule))
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_split_kernel_equals_eager_forward_and_backward(rule):
+    _, _, layout = _layout(rule)
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn((2, 4, 20, 8), generator=g, dtype=torch.float64, requires_grad=True)
+    k = torch.randn((2, 2, 50, 8), generator=g, dtype=torch.float64, requires_grad=True)
+    v = torch.randn((2, 2, 50, 8), generator=g, dtype=torch.float64, requires_grad=True)
+    want = eager_attention(q, k, v, layout.dense(), 8**-0.5)
+    got = split_attention(q, k, v, layout, 8**-0.5)
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+    gw = torch.autograd.grad(want.square().sum(), (q, k, v))
+    gg = torch.autograd.grad(got.square().sum(), (q, k, v))
+    for a, b in zip(gg, gw, strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-11)
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_flex_kernel_forward_equals_eager(rule):
+    # flex_attention has no backward on CPU in torch 2.13; its GPU path is only checked in forward here.
+    _, _, layout = _layout(rule)
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(shape, generator=g) for shape in [(2, 4, 20, 8), (2, 2, 50, 8), (2, 2, 50, 8)])
+    with torch.no_grad():
+        torch.testing.assert_close(
+            flex_attention_kernel(q, k, v, layout, 8**-0.5), eager_attention(q, k, v, layout.dense(), 8**-0.5)
+        )
+
+
+def _drafter_grads(drafter, target, layouts, checkpoint=False):
+    drafter.checkpoint_layers = checkpoint
+    drafter.zero_grad()
+    g = torch.Generator().manual_seed(3)
+    taps = torch.randn((2, 30, 3 * target.hidden_size), generator=g, dtype=torch.float64)
+    embeds = torch.randn((2, 20, target.hidden_size), generator=g, dtype=torch.float64)
+    pos = torch.arange(20).expand(2, 20) + 1
+    out = drafter(embeds, pos, masks=layouts, taps=taps)
+    out.square().sum().backward()
+    return out.detach(), [p.grad.clone() for p in drafter.parameters()]
+
+
+@pytest.mark.parametrize("attention", ["sdpa", "split"])
+def test_split_and_checkpointed_drafter_equal_the_eager_one(attention):
+    target = tiny_target(dtype="float64")
+    _, _, layout = _layout(LayerAttention())
+    ref = tiny_drafter(target, attention="eager").double().train()
+    out_ref, g_ref = _drafter_grads(ref, target, [layout] * 2)
+    other = tiny_drafter(target, attention=attention).double().train()
+    for checkpoint in (False, True):
+        out, grads = _drafter_grads(other, target, [layout] * 2, checkpoint)
+        torch.testing.assert_close(out, out_ref, rtol=0, atol=1e-10)
+        for a, b in zip(grads, g_ref, strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-10)
+
+
+def _loss_and_grad(loss, chunk_rows):
+    g = torch.Generator().manual_seed(4)
+    m, h, v = 23, 6, 50
+    hidden = torch.randn((m, h), generator=g, dtype=torch.float64, requires_grad=True)
+    head = torch.randn((v, h), generator=g, dtype=torch.float64)
+    teacher_h = torch.randn((m, h), generator=g, dtype=torch.float64)
+    labels = torch.randint(0, v, (m,), generator=g)
+    slots = torch.arange(m) % 7 + 1
+    supervised = torch.zeros((1, 4, 8), dtype=torch.bool)  # 3 full blocks of 7 slots, then 2 slots
+    supervised[0, :3, 1:] = True
+    supervised[0, 3, 1:3] = True
+    calls = []
+
+    def lm_head(x):
+        calls.append(x.shape[0])
+        return x @ head.T
+
+    batch = SlotBatch(hidden, labels, slots, supervised, head=lm_head,
+                      teacher=lambda rows: teacher_h[rows] @ head.T, chunk_rows=chunk_rows)  # fmt: skip
+    out = loss(batch)["loss"]
+    (grad,) = torch.autograd.grad(out, hidden)
+    return out.detach(), grad, calls
+
+
+@pytest.mark.parametrize("loss", [HardCE(), SoftKL(temperature=2.0), CEKLBlend(alpha=0.3)], ids=str)
+def test_chunked_loss_equals_the_whole_one(loss):
+    whole, g_whole, calls_whole = _loss_and_grad(loss, None)
+    chunked, g_chunked, calls = _loss_and_grad(loss, 5)
+    torch.testing.assert_close(chunked, whole, rtol=1e-12, atol=0)
+    torch.testing.assert_close(g_chunked, g_whole, rtol=1e-10, atol=1e-12)
+    assert calls_whole == [23] and max(calls) == 5  # never all 23 rows through the head at once
+
+
+def test_chunked_cap_equals_the_whole_one():
+    cap = CAP(HardCE())
+    cap.bind(6)
+    cap.double()
+    torch.nn.init.normal_(cap.head.weight, generator=torch.Generator().manual_seed(5))
+    whole = _loss_and_grad(cap, None)
+    chunked = _loss_and_grad(cap, 4)
+    torch.testing.assert_close(chunked[0], whole[0], rtol=1e-12, atol=0)
+    torch.testing.assert_close(chunked[1], whole[1], rtol=1e-10, atol=1e-12)
