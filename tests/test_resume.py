@@ -47,3 +47,52 @@ def test_resumed_run_matches_the_uninterrupted_one(tmp_path):
     assert sorted(full) == sorted(resumed) == list(range(14))  # crosses into the second epoch
     for step in range(14):
         assert resumed[step] == full[step], (step, resumed[step], full[step])
+
+
+class KillDuringSave(pl.Callback):
+    """From optimizer step ``step`` on, the next checkpoint write stops halfway and the process is
+    SIGKILLed: a kill (OOM killer, preemption) in the middle of writing last.ckpt."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_train_batch_end(self, trainer, *args):
+        if trainer.global_step < self.step:
+            return
+        import os
+        import signal
+
+        from fsspec.implementations.local import LocalFileOpener
+
+        write = LocalFileOpener.write
+
+        def half_then_die(opener, data):
+            write(opener, bytes(data)[: len(data) // 2])
+            opener.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        LocalFileOpener.write = half_then_die
+
+
+def test_a_kill_during_a_save_leaves_the_previous_checkpoint_whole(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import torch
+
+    cli = str(Path(sys.executable).parent / "spec-drafters")
+    common = ["--config", "tests/configs/tiny.yaml", "--trainer.max_steps", "8", "--trainer.callbacks.dirpath",
+              str(tmp_path), "--trainer.callbacks.every_n_train_steps", "1"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": "tests"}
+    killed = subprocess.run([cli, "fit", *common, "--trainer.callbacks+=test_resume.KillDuringSave",
+                             "--trainer.callbacks.step", "3"], env=env, capture_output=True)  # fmt: skip
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    last = torch.load(tmp_path / "last.ckpt", weights_only=True)  # whole, not half written
+    assert last["global_step"] == 2  # the save at step 3 never replaced it
+    resumed = subprocess.run([cli, "fit", *common, "--ckpt_path", str(tmp_path / "last.ckpt")],
+                             env=env, capture_output=True, text=True)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert torch.load(tmp_path / "last.ckpt", weights_only=True)["global_step"] == 8

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import torch
 import yaml
+from jsonargparse import lazy_instance
 from lightning.pytorch.cli import LightningCLI
 
 from spec_drafters.registry import (
@@ -39,6 +40,7 @@ from spec_drafters.registry import (
     name_of,
     valid_names,
 )
+from spec_drafters.tracking import RunAimLogger
 
 
 # --- component-name checks ------------------------------------------------------------------------
@@ -171,6 +173,9 @@ class SpecDraftersCLI(LightningCLI):
             self.config = self.parser.parse_object({sub: {"model": hparams}}, self.config)
 
     def add_arguments_to_parser(self, parser) -> None:
+        # Aim by default, its repository in the run folder; --trainer.logger CSVLogger or
+        # TensorBoardLogger (or a list) instead, --trainer.logger false for none.
+        parser.set_defaults({"trainer.logger": lazy_instance(RunAimLogger)})
         parser.add_argument(
             "--results",
             type=str | None,
@@ -194,6 +199,13 @@ class SpecDraftersCLI(LightningCLI):
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(json.dumps(payload, indent=2) + "\n")
         print(f"results written to {path}")
+
+    def instantiate_trainer(self, **kwargs):
+        trainer = super().instantiate_trainer(**kwargs)
+        for logger in trainer.loggers:
+            if isinstance(logger, RunAimLogger):
+                logger.place_in(trainer.default_root_dir)
+        return trainer
 
     def after_validate(self) -> None:
         self._write_results()

@@ -35,6 +35,7 @@ from spec_drafters.registry import as_config, name_of
 from spec_drafters.target import FrozenTarget
 from spec_drafters.target_source import ModelOutput, TargetSource
 from spec_drafters.targets import EmbeddedSmolLM2, TargetLoader
+from spec_drafters.tracking import log_acceptance_figure
 from spec_drafters.verifiers import GreedyChain, Verifier
 
 # The frozen target stays in eval mode on purpose (FrozenTarget.train); Lightning warns about it.
@@ -373,11 +374,13 @@ class DFlashModule(pl.LightningModule):
             self.log(f"val/acc_slot{i}", a)
         self.log("val/acc", acc.mean().item(), prog_bar=True)
         self.val_acc.reset()
+        curves = {}
         for label in self.offline_verifiers:
             suffix = "" if label == "chain" else f"_{label}"
             for key, value in self.val_tau[label].compute().items():
                 self.log(f"val/{key}{suffix}", value.item(), prog_bar=key == "tau" and label == "chain")
-            for d, frac in enumerate(self.val_curve[label].compute().tolist(), start=1):
+            curves[label] = self.val_curve[label].compute().tolist()
+            for d, frac in enumerate(curves[label], start=1):
                 self.log(f"val/accept_ge{d}{suffix}", frac)
             self.val_tau[label].reset()
             self.val_curve[label].reset()
@@ -392,6 +395,8 @@ class DFlashModule(pl.LightningModule):
             "ece": cal["ece"].item(),
         }
         trainer = self._trainer
+        if trainer is not None and not trainer.sanity_checking:
+            log_acceptance_figure(trainer, acc.tolist(), curves)
         if trainer is not None and trainer.log_dir and trainer.is_global_zero and not trainer.sanity_checking:
             Path(trainer.log_dir).mkdir(parents=True, exist_ok=True)
             (Path(trainer.log_dir) / "calibration.json").write_text(

@@ -1,0 +1,65 @@
+"""Tracking: Aim by default with its repository in the run folder, holding hyperparameters, losses,
+per-slot accuracy, tau and the acceptance figure; CSV and TensorBoard selectable instead."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from spec_drafters.cli import main
+
+VAL_AT_END = ["--trainer.max_steps", "6", "--trainer.check_val_every_n_epoch", "null",
+              "--trainer.val_check_interval", "6"]  # fmt: skip
+
+
+def _config_without_logger(tmp_path) -> str:
+    cfg = yaml.safe_load(Path("tests/configs/tiny.yaml").read_text())
+    del cfg["trainer"]["logger"]  # what a user's config without a logger gets
+    path = tmp_path / "tiny_default_logger.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return str(path)
+
+
+def test_aim_is_the_default_and_records_what_validation_measures(tmp_path):
+    from aim import Repo
+    from aim.storage.context import Context
+
+    run_dir = tmp_path / "run"
+    main(["fit", "--config", _config_without_logger(tmp_path), "--trainer.default_root_dir", str(run_dir),
+          "--trainer.callbacks.dirpath", str(run_dir / "ckpt"), *VAL_AT_END])  # fmt: skip
+    assert (run_dir / ".aim").is_dir()  # the repository sits in the run folder
+    # Aim indexes runs when its UI starts (`aim up`); the public CLI does the same for a script.
+    aim = str(Path(sys.executable).parent / "aim")
+    subprocess.run(
+        [aim, "storage", "--repo", str(run_dir), "reindex", "--yes"], check=True, capture_output=True
+    )
+    (run,) = list(Repo(str(run_dir)).iter_runs())
+    names = {seq.name for seq in run.metrics()}
+    want = {
+        "train/loss",
+        "train/acc",
+        "val/loss",
+        "val/tau",
+        "val/acc",
+        "val/accept_ge1",
+        "val/calibration_ece",
+    }
+    assert want | {f"val/acc_slot{k}" for k in (1, 2, 3)} <= names, names
+    assert run["hparams"]["lr"] == 0.003 and run["hparams"]["drafter"]["block_size"] == 4
+    figure = run.get_image_sequence("acceptance_curve", Context({"subset": "val"}))
+    assert figure is not None and list(figure.values.values_list())  # one image per validation
+
+
+@pytest.mark.parametrize("logger", ["CSVLogger", "TensorBoardLogger"])
+def test_csv_or_tensorboard_instead(tmp_path, logger):
+    main(["fit", "--config", "tests/configs/tiny.yaml", "--trainer.logger", logger,
+          "--trainer.logger.save_dir", str(tmp_path), "--trainer.callbacks.dirpath", str(tmp_path / "ckpt"),
+          *VAL_AT_END])  # fmt: skip
+    if logger == "CSVLogger":
+        assert list(tmp_path.rglob("acceptance_curve_step6.png"))
+        assert "val/tau" in next(tmp_path.rglob("metrics.csv")).read_text()
+    else:
+        assert list(tmp_path.rglob("events.out.tfevents.*"))
+    assert not (tmp_path / ".aim").exists()
