@@ -85,7 +85,8 @@ def test_a_kill_during_a_save_leaves_the_previous_checkpoint_whole(tmp_path):
 
     cli = str(Path(sys.executable).parent / "spec-drafters")
     common = ["--config", "tests/configs/tiny.yaml", "--trainer.max_steps", "8",
-              "--trainer.callbacks.dirpath", str(tmp_path), "--trainer.callbacks.every_n_train_steps", "1"]  # fmt: skip
+              "--trainer.default_root_dir", str(tmp_path), "--trainer.callbacks.dirpath", str(tmp_path),
+              "--trainer.callbacks.every_n_train_steps", "1"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": "tests"}
     killed = subprocess.run([cli, "fit", *common, "--trainer.callbacks+=test_resume.KillDuringSave",
                              "--trainer.callbacks.step", "3"], env=env, capture_output=True)  # fmt: skip
