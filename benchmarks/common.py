@@ -34,12 +34,26 @@ def timed(fn, repeats: int, warmup: int = 1) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def versions() -> dict[str, str]:
+    """Versions of the packages a benchmark's numbers depend on."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for package in ("spec-drafters", "torch", "lightning", "transformers"):
+        try:
+            out[package] = version(package)
+        except PackageNotFoundError:
+            out[package] = "absent"
+    return out
+
+
 def record(name: str, rows: list[dict], summary: dict) -> None:
     """Appends one line per run to results/<name>.jsonl and prints the closing JSON line."""
     entry = {
         "benchmark": name,
         "git_sha": git_sha(),
         "torch": torch.__version__,
+        "versions": versions(),
         "machine": platform.machine(),
         "threads": torch.get_num_threads(),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S"),

@@ -91,8 +91,10 @@ def test_training_preset_builds_fsdp_on_8_gpus(seeds):
     trainer = seeds["dflash_v6"].trainer
     assert trainer.accelerator == "gpu" and trainer.devices == 8 and trainer.precision == "bf16-mixed"
     strategy = trainer.strategy
-    assert type(strategy).__name__ == "FSDPStrategy"
-    assert strategy.kwargs["use_orig_params"] is True  # frozen target + trainable drafter in one unit
+    assert type(strategy).__name__ == "ModelParallelStrategy"  # FSDP2: fully_shard in configure_model
+    assert strategy._data_parallel_size == 8 and strategy._tensor_parallel_size == 1
+    model = seeds["dflash_v6"].model
+    assert model.hparams.loss_chunk_rows == 4096 and model.drafter.checkpoint_layers
     assert any(getattr(c, "__name__", "") == "ModelCheckpoint" or type(c).__name__ == "ModelCheckpoint"
                for c in trainer.callbacks)  # fmt: skip
 
@@ -105,7 +107,19 @@ def test_eval_preset_builds_fsdp_on_2_gpus():
         "--model.target.init_args.meta=true",
     )  # fmt: skip
     assert cli.trainer.devices == 2 and cli.trainer.precision == "bf16-true"
-    assert type(cli.trainer.strategy).__name__ == "FSDPStrategy"
+    assert type(cli.trainer.strategy).__name__ == "ModelParallelStrategy"
+
+
+def test_multinode_preset_shards_over_every_gpu_of_every_node():
+    cli = instantiate(
+        "fit",
+        "--config", str(CONFIGS / "dflash_v6.yaml"),
+        "--trainer", str(CONFIGS / "presets" / "train_multinode_fsdp2.yaml"),
+        "--model.target.init_args.meta=true",
+    )  # fmt: skip
+    strategy = cli.trainer.strategy
+    assert cli.trainer.num_nodes == 2 and cli.trainer.devices == 8
+    assert strategy._data_parallel_size == 16 == cli.trainer.num_nodes * cli.trainer.devices
 
 
 @pytest.mark.parametrize("name", ["dflash_v3", "dflash_v5", "dflash_v6", "experiment_ddtree"])
@@ -138,7 +152,8 @@ def test_every_yaml_is_covered():
     shipped = {p.relative_to(CONFIGS).as_posix() for p in CONFIGS.rglob("*.yaml")}
     covered = {f"{n}.yaml" for n in SEEDS} | {f"twins/{n}.yaml" for n in SEEDS if n != "ddtree_v6"}
     covered |= {"quickstart.yaml", "presets/train_8x_blackwell_fsdp.yaml", "presets/eval_2x_a6000.yaml"}
-    covered |= {"presets/cpu_twin.yaml", "verify_humaneval.yaml"}
+    covered |= {"presets/cpu_twin.yaml", "verify_humaneval.yaml", "presets/train_multinode_fsdp2.yaml"}
+    covered |= {"presets/fsdp2_cpu.yaml"}  # run by tests/test_fsdp2.py
     assert shipped == covered, shipped ^ covered
 
 

@@ -2,6 +2,7 @@
 trains step for step like one process on the same global batch: same losses, same weights."""
 
 import csv
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -38,3 +39,21 @@ def test_two_sharded_cpu_processes_match_one_process(tmp_path):
     assert sorted(w1) == sorted(w2) and any(k.startswith("drafter.layers.0.") for k in w1)
     for key in w1:
         torch.testing.assert_close(w2[key], w1[key], rtol=1e-4, atol=1e-5)
+    # The memory options change nothing either: target sharded too, layers recomputed, loss in chunks.
+    _fit(tmp_path / "lean", "--config", "configs/presets/fsdp2_cpu.yaml", "--data.batch_size", "2",
+         "--model.shard_target", "true", "--model.activation_checkpointing", "true",
+         "--model.loss_chunk_rows", "8")  # fmt: skip
+    for step, (a, b) in enumerate(zip(one, _losses(tmp_path / "lean"), strict=True)):
+        assert abs(a - b) < 1e-5 * abs(a), (step, a, b)
+
+
+def test_validate_under_fsdp2_loads_the_checkpoint_and_reports(tmp_path):
+    _fit(tmp_path / "one", "--data.batch_size", "4")
+    out = tmp_path / "val.json"
+    cmd = [CLI, "validate", "--config", "tests/configs/tiny.yaml", "--config", "configs/presets/fsdp2_cpu.yaml",
+           "--data.val_batch_size", "2", "--trainer.logger", "false", "--trainer.default_root_dir", str(tmp_path),
+           "--ckpt_path", str(tmp_path / "one" / "ckpt" / "last.ckpt"), "--results", str(out)]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    metrics = json.loads(out.read_text())["metrics"]
+    assert metrics["val/tau"] >= 1.0 and 0 < metrics["val/loss"] < 20

@@ -114,6 +114,12 @@ class SpeculativeDecodingEval(pl.Callback):
     def on_validation_epoch_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
         if trainer.sanity_checking or (trainer.state.fn == TrainerFn.FITTING and not self.during_fit):
             return
+        if trainer.world_size > 1:
+            # Decoding runs the drafter outside its forward, one prompt at a time: with weights
+            # sharded over ranks (FSDP2) that is neither possible nor useful. Teacher-forced metrics
+            # are still computed; decode on one device with `spec-drafters validate` or `generate`.
+            rank_zero_warn("SpeculativeDecodingEval: skipped with more than one process (sharded drafter)")
+            return
         decoders = self._decoders(module)
         rows = []
         for i, text in enumerate(self.prompts.prompts()):
@@ -150,8 +156,9 @@ class SpeculativeDecodingEval(pl.Callback):
             self.last[f"decode/lossless{suffix}"] = sum(r[f"lossless{suffix}"] for r in rows) / len(rows)
         for key, value in self.last.items():
             module.log(key, value, rank_zero_only=True)
-        if self.output and trainer.log_dir:
-            path = Path(trainer.log_dir) / self.output
+        log_dir = trainer.log_dir
+        if self.output and log_dir:
+            path = Path(log_dir) / self.output
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text("".join(json.dumps(r) + "\n" for r in rows))
             rank_zero_info(f"per-prompt decoding results: {path}")

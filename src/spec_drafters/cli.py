@@ -152,7 +152,17 @@ def _resolve_class(path: str) -> type:
 #: Model arguments that belong to this run, not to the checkpoint: where the target is loaded from (a
 #: path on this machine; its identity is still checked against the checkpoint) and how drafts are
 #: evaluated. Everything else that shapes the drafter comes from the checkpoint.
-RUN_TIME_ARGS = ("target", "verifier", "eval_verifiers", "val_anchors", "val_target_source", "init_from")
+RUN_TIME_ARGS = (
+    "target",
+    "verifier",
+    "eval_verifiers",
+    "val_anchors",
+    "val_target_source",
+    "init_from",
+    "shard_target",
+    "activation_checkpointing",
+    "loss_chunk_rows",
+)
 
 
 class SpecDraftersCLI(LightningCLI):

@@ -87,6 +87,9 @@ class DFlashModule(pl.LightningModule):
             recomputed in backward, so the (M, V) logits never exist at once (null: all at once).
         activation_checkpointing: recompute each drafter layer in backward instead of keeping its
             activations (less memory, about one more forward of time).
+        shard_target: under FSDP2 (``ModelParallelStrategy``), also shard the frozen target's decoder
+            layers over the ranks (its embedding, final norm and head stay whole on every rank, since
+            the drafter reads them outside the target's forward). Default: replicate the target.
         lr: peak AdamW learning rate (the released drafters used 6e-4).
         weight_decay: AdamW weight decay.
         warmup_fraction: linear warmup as a fraction of all steps, then cosine decay.
@@ -111,6 +114,7 @@ class DFlashModule(pl.LightningModule):
         val_anchors: int = 64,
         loss_chunk_rows: int | None = None,
         activation_checkpointing: bool = False,
+        shard_target: bool = False,
         lr: float = 6e-4,
         weight_decay: float = 0.0,
         warmup_fraction: float = 0.04,
@@ -397,11 +401,11 @@ class DFlashModule(pl.LightningModule):
         trainer = self._trainer
         if trainer is not None and not trainer.sanity_checking:
             log_acceptance_figure(trainer, acc.tolist(), curves)
-        if trainer is not None and trainer.log_dir and trainer.is_global_zero and not trainer.sanity_checking:
-            Path(trainer.log_dir).mkdir(parents=True, exist_ok=True)
-            (Path(trainer.log_dir) / "calibration.json").write_text(
-                json.dumps(self.calibration, indent=1) + "\n"
-            )
+        if trainer is not None and not trainer.sanity_checking:
+            log_dir = trainer.log_dir  # a broadcast under data parallelism: every rank asks, once
+            if log_dir and trainer.is_global_zero:
+                Path(log_dir).mkdir(parents=True, exist_ok=True)
+                (Path(log_dir) / "calibration.json").write_text(json.dumps(self.calibration, indent=1) + "\n")
 
     # --- real decoding ----------------------------------------------------------------------------
     def greedy(self, prompt: list[int], max_new_tokens: int) -> DecodeResult:
@@ -421,8 +425,9 @@ class DFlashModule(pl.LightningModule):
     # --- sharding ---------------------------------------------------------------------------------
     def configure_model(self) -> None:
         """FSDP2 under Lightning's ``ModelParallelStrategy``: ``fully_shard`` per drafter layer, then the
-        drafter's root (fc, norms) and any trained auxiliary head. The frozen target is replicated: it
-        has no gradients or optimizer state to shard, and every rank runs it on its own batch.
+        drafter's root (fc, norms) and any trained auxiliary head. The frozen target is replicated by
+        default (no gradients or optimizer state to shard; every rank runs it on its own batch), or
+        sharded per decoder layer with ``shard_target`` when its weights do not fit one device.
         Without a device mesh (single process, DDP) this does nothing.
         """
         mesh = self._device_mesh
@@ -437,6 +442,9 @@ class DFlashModule(pl.LightningModule):
         fully_shard(self.drafter, mesh=dp, mp_policy=policy)
         if any(p.requires_grad for p in self.loss_fn.parameters()):
             fully_shard(self.loss_fn, mesh=dp, mp_policy=policy)
+        if self.hparams.shard_target:
+            for layer in self.target.base.layers:  # gathered around each layer's forward, then freed
+                fully_shard(layer, mesh=dp, mp_policy=policy)
         self._sharded = True
 
     # --- optimisation -----------------------------------------------------------------------------
@@ -490,9 +498,11 @@ class DFlashModule(pl.LightningModule):
         checkpoint["spec_drafters"] = self.describe()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        state = checkpoint["state_dict"]
+        # ModelParallelStrategy (FSDP2) loads the weights into the sharded module itself and hands
+        # this hook the rest of the checkpoint; then its loader has already checked the keys.
+        state = checkpoint.get("state_dict")
         trained = [k for k in self.state_dict() if not k.startswith("target.")]  # drafter + aux heads
-        missing = [k for k in trained if k not in state]
+        missing = [k for k in trained if k not in state] if state is not None else []
         if missing:
             raise KeyError(f"checkpoint lacks drafter weights {missing[:5]} (of {len(missing)} missing)")
         saved = checkpoint.get("spec_drafters", {}).get("target", {}).get("name")
