@@ -26,8 +26,11 @@ def test_block_layout_is_the_dense_mask(rule):
     assert torch.equal(layout.dense(), training_mask(anchors, ok, 30, 4, rule))
 
 
+@pytest.mark.parametrize("budget", [None, 1], ids=["one_chunk", "chunk_per_block"])
 @pytest.mark.parametrize("rule", RULES)
-def test_split_kernel_equals_eager_forward_and_backward(rule):
+def test_split_kernel_equals_eager_forward_and_backward(rule, budget, monkeypatch):
+    if budget is not None:  # every block its own chunk, each with its own context prefix
+        monkeypatch.setattr("spec_drafters.attention.SPLIT_CHUNK_QUERIES", budget)
     _, _, layout = _layout(rule)
     g = torch.Generator().manual_seed(1)
     q = torch.randn((2, 4, 20, 8), generator=g, dtype=torch.float64, requires_grad=True)

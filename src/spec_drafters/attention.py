@@ -9,8 +9,9 @@ Every row of a mask must allow at least one key (the DFlash mask always allows a
 
 Cost in DFlash training (N blocks of K queries, S context keys): the dense kernels (``eager``, ``sdpa``)
 score N*K*(S + N*K) pairs although only N*K*(S + K) can be allowed (issue 7: about 9x at N=1024, K=32,
-S=4096); ``split`` scores exactly the N*K*(S + K) with one joint softmax; ``flex`` hands the block
-layout to flex_attention, which skips empty tiles on GPU (in torch 2.13 it has no backward on CPU).
+S=4096); ``split`` (the default) runs chunks of blocks against the context prefix they can reach and
+their own keys only, about N*K*(S/2 + 256) pairs, each chunk one fused SDPA call; ``flex`` hands the
+block layout to flex_attention, which skips empty tiles on GPU (in torch 2.13 no backward on CPU).
 """
 
 from __future__ import annotations
@@ -51,32 +52,49 @@ def sdpa_attention(q, k, v, mask, scale):
     return F.scaled_dot_product_attention(q, k, v, attn_mask=as_dense(mask), scale=scale)  # (b, h, Tq, d)
 
 
+#: Queries per chunk of the ``split`` kernel: a chunk of c = this // K blocks attends to the context
+#: its blocks can reach plus the c*K keys of its own blocks (c - 1 of them masked per query).
+SPLIT_CHUNK_QUERIES = 256
+
+
 @register("attention", "split")
 def split_attention(q, k, v, mask, scale):
-    """Exact DFlash attention in O(N*K*(S + K)): context and own-block scores, one joint softmax.
+    """Exact DFlash attention over only the keys a chunk of blocks can use: O(N*K*(S + C)), C = 256.
 
-    For a :class:`BlockLayout`, queries (b, h, N*K, d) score the S context keys (b, h, N*K, S) and the
-    K keys of their own block (b, h, N, K, K); the two are concatenated per query row, so the softmax is
-    the dense one's restricted to the keys it could ever allow (other blocks' keys are always masked,
-    so leaving them out changes nothing). Any other mask (serving: one block) goes to ``sdpa``.
+    For a :class:`BlockLayout`, blocks go in chunks of consecutive blocks (about SPLIT_CHUNK_QUERIES
+    queries). A chunk attends to the context prefix its blocks can reach (anchors are sorted, so
+    early blocks reach few keys: about half the context on average) and to its own blocks' keys; the
+    keys of every other block are always masked, so leaving them out changes nothing. Each chunk is
+    one fused ``scaled_dot_product_attention`` call with the chunk's part of the mask, so scores are
+    never stored (the fused kernels recompute them in backward). Against the dense kernels, which
+    score N*K*(S + N*K) pairs, this scores about N*K*(S/2 + C). Any other mask (serving: one block)
+    goes to ``sdpa`` directly.
     """
     if not isinstance(mask, BlockLayout):
         return sdpa_attention(q, k, v, mask, scale)
-    b, h, nq, d = q.shape
+    b, h, nq, _ = q.shape
     kk, n = mask.block_size, mask.num_blocks
     s = k.shape[2] - nq
     groups = h // k.shape[1]
-    k, v = repeat_kv(k, groups), repeat_kv(v, groups)  # (b, h, S + Q, d)
-    wide = torch.promote_types(q.dtype, torch.float32)
-    ctx = torch.matmul(q, k[:, :, :s].transpose(-1, -2)).to(wide) * scale  # (b, h, Q, S)
-    ctx = ctx.masked_fill(~mask.context, float("-inf")).view(b, h, n, kk, s)  # (b, h, N, K, S)
-    qb = q.view(b, h, n, kk, d)
-    kb, vb = k[:, :, s:].view(b, h, n, kk, d), v[:, :, s:].view(b, h, n, kk, d)  # (b, h, N, K, d)
-    own = torch.matmul(qb, kb.transpose(-1, -2)).to(wide) * scale  # (b, h, N, K, K)
-    own = own.masked_fill(~mask.in_block, float("-inf"))
-    probs = torch.softmax(torch.cat([ctx, own], dim=-1), dim=-1).to(v.dtype)  # (b, h, N, K, S + K)
-    out = torch.matmul(probs[..., :s].reshape(b, h, nq, s), v[:, :, :s])  # (b, h, Q, d)
-    return out + torch.matmul(probs[..., s:], vb).reshape(b, h, nq, d)  # (b, h, Q, d)
+    # Context keys block j can reach: 1 + its last allowed key, over the batch (0: none).
+    allowed = mask.context.view(b, n, kk, s).any(dim=2).any(dim=0)  # (N, S)
+    last = torch.where(allowed, torch.arange(1, s + 1, device=q.device), 0).amax(dim=1)  # (N,)
+    per_chunk = max(1, SPLIT_CHUNK_QUERIES // kk)
+    same = torch.eye(per_chunk, dtype=torch.bool, device=q.device)  # (c, c) block-diagonal pattern
+    own = (same[:, None, :, None] & mask.in_block[None, :, None, :]).reshape(per_chunk * kk, per_chunk * kk)
+    outs = []
+    for j in range(0, n, per_chunk):
+        c = min(per_chunk, n - j)
+        reach = max(int(last[j : j + c].max()), 1)  # keep one (masked) context key: shapes never vanish
+        rows = slice(j * kk, (j + c) * kk)
+        keys = slice(s + j * kk, s + (j + c) * kk)
+        kc = torch.cat([k[:, :, :reach], k[:, :, keys]], dim=2)  # (b, hk, reach + cK, d)
+        vc = torch.cat([v[:, :, :reach], v[:, :, keys]], dim=2)
+        blk = own[: c * kk, : c * kk].expand(b, 1, c * kk, c * kk)
+        chunk_mask = torch.cat([mask.context[:, :, rows, :reach], blk], dim=-1)  # (b, 1, cK, reach + cK)
+        kc, vc = repeat_kv(kc, groups), repeat_kv(vc, groups)  # (b, h, reach + cK, d)
+        outs.append(F.scaled_dot_product_attention(q[:, :, rows], kc, vc, attn_mask=chunk_mask, scale=scale))
+    return torch.cat(outs, dim=2)  # (b, h, Q, d)
 
 
 _flex_compiled = None
