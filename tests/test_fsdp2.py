@@ -50,9 +50,11 @@ def test_two_sharded_cpu_processes_match_one_process(tmp_path):
 def test_validate_under_fsdp2_loads_the_checkpoint_and_reports(tmp_path):
     _fit(tmp_path / "one", "--data.batch_size", "4")
     out = tmp_path / "val.json"
-    cmd = [CLI, "validate", "--config", "tests/configs/tiny.yaml", "--config", "configs/presets/fsdp2_cpu.yaml",
-           "--data.val_batch_size", "2", "--trainer.logger", "false", "--trainer.default_root_dir", str(tmp_path),
-           "--ckpt_path", str(tmp_path / "one" / "ckpt" / "last.ckpt"), "--results", str(out)]  # fmt: skip
+    cmd = [CLI, "validate", "--config", "tests/configs/tiny.yaml",
+           "--config", "configs/presets/fsdp2_cpu.yaml", "--data.val_batch_size", "2",
+           "--trainer.logger", "false",
+           "--trainer.default_root_dir", str(tmp_path), "--results", str(out),
+           "--ckpt_path", str(tmp_path / "one" / "ckpt" / "last.ckpt")]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     metrics = json.loads(out.read_text())["metrics"]

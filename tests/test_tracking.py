@@ -1,6 +1,7 @@
 """Tracking: Aim by default with its repository in the run folder, holding hyperparameters, losses,
 per-slot accuracy, tau and the acceptance figure; CSV and TensorBoard selectable instead."""
 
+import csv
 import subprocess
 import sys
 from pathlib import Path
@@ -56,10 +57,13 @@ def test_aim_is_the_default_and_records_what_validation_measures(tmp_path):
 def test_csv_or_tensorboard_instead(tmp_path, logger):
     main(["fit", "--config", "tests/configs/tiny.yaml", "--trainer.logger", logger,
           "--trainer.logger.save_dir", str(tmp_path), "--trainer.callbacks.dirpath", str(tmp_path / "ckpt"),
-          *VAL_AT_END])  # fmt: skip
+          "--trainer.callbacks+=TrainingThroughput", *VAL_AT_END])  # fmt: skip
     if logger == "CSVLogger":
         assert list(tmp_path.rglob("acceptance_curve_step6.png"))
-        assert "val/tau" in next(tmp_path.rglob("metrics.csv")).read_text()
+        rows = list(csv.DictReader(next(tmp_path.rglob("metrics.csv")).open()))
+        assert any(r.get("val/tau") for r in rows)
+        speeds = [float(r["train/tokens_per_s"]) for r in rows if r.get("train/tokens_per_s")]
+        assert speeds and all(s > 0 for s in speeds)  # TrainingThroughput
     else:
         assert list(tmp_path.rglob("events.out.tfevents.*"))
     assert not (tmp_path / ".aim").exists()

@@ -192,3 +192,25 @@ class ExportDrafter(pl.Callback):
         if trainer.is_global_zero:
             out = write_folder(folder_from_module(module), self.dirpath, self.layout)
             rank_zero_info(f"drafter written to {out} ({self.layout} layout)")
+
+
+class TrainingThroughput(pl.Callback):
+    """Training tokens per second: sequence tokens (non-padding) over the wall time of the training
+    steps (target forward, drafter forward and backward, optimizer step), validation excluded.
+
+    Logs ``train/tokens_per_s`` (the run so far) every step; the last value, in ``--results``, is
+    the whole run's. Under data parallelism the tokens of every rank count.
+    """
+
+    def __init__(self) -> None:
+        self.tokens, self.seconds, self._start = 0, 0.0, None
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:
+        self._start = time.perf_counter()
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
+        if self._start is None:
+            return
+        self.seconds += time.perf_counter() - self._start
+        self.tokens += int(batch["attention_mask"].sum()) * trainer.world_size
+        module.log("train/tokens_per_s", self.tokens / self.seconds, rank_zero_only=True)
