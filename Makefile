@@ -9,7 +9,7 @@ RUN ?= runs/quickstart
 CONFIG ?= configs/quickstart.yaml
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo verifiers test lint clean
+.PHONY: setup demo verifiers bench test lint clean
 
 setup: $(STAMP)
 
@@ -38,6 +38,13 @@ verifiers: $(STAMP)
 	$(BIN)/spec-drafters validate --config $(CONFIG) --config configs/verify_humaneval.yaml \
 		--ckpt_path $(RUN)/checkpoints/last.ckpt --results $(RUN)/verifiers.json
 	$(BIN)/spec-drafters compare $(RUN)/trained.json $(RUN)/verifiers.json
+
+# Training-step benchmark (attention backends over N, K, S; chunked loss; speculators side by side in
+# its own .peer-venv, built by benchmarks/peer_setup.sh), then the end-to-end table from the demo's runs.
+bench: $(STAMP)
+	bash benchmarks/peer_setup.sh
+	cd benchmarks && ../$(BIN)/python training_step.py
+	-cd benchmarks && ../$(BIN)/python end_to_end.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
