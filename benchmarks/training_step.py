@@ -150,9 +150,8 @@ def peer_step(n: int, k: int, s: int, repeats: int) -> dict:
     if not PEER_PY.exists():  # the peer's own virtual environment, never a dependency of ours
         setup = subprocess.run(["bash", str(HERE / "peer_setup.sh")], capture_output=True, text=True)
         if setup.returncode != 0 or not PEER_PY.exists():
-            return {
-                "error": f"benchmarks/peer_setup.sh failed: {(setup.stderr.strip().splitlines() or ['?'])[-1]}"
-            }
+            last = (setup.stderr.strip().splitlines() or ["?"])[-1]
+            return {"error": f"benchmarks/peer_setup.sh failed: {last}"}
     cmd = [str(PEER_PY), str(HERE / "peer_speculators.py"), "--hidden", str(H), "--heads", str(HEADS),
            "--kv-heads", str(KV_HEADS), "--head-dim", str(HEAD_DIM), "--intermediate", str(INTER),
            "--layers", "1", "--vocab", str(VOCAB), "--num-target-layers", "30", "--N", str(n), "--K", str(k),
