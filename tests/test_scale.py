@@ -8,7 +8,8 @@ from conftest import tiny_drafter, tiny_target
 from spec_drafters.anchors import UniformAnchors
 from spec_drafters.attention import eager_attention, flex_attention_kernel, split_attention
 from spec_drafters.losses import CAP, CEKLBlend, HardCE, SlotBatch, SoftKL
-from spec_drafters.masks import LayerAttention, training_layout, training_mask
+from spec_drafters.masks import LayerAttention, training_layout
+from test_masks import brute_force_mask
 
 RULES = [LayerAttention(), LayerAttention(window=6), LayerAttention(causal_block=True)]
 
@@ -21,9 +22,14 @@ def _layout(rule, b=2, s=30, n=5, k=4, seed=0):
 
 
 @pytest.mark.parametrize("rule", RULES)
-def test_block_layout_is_the_dense_mask(rule):
+def test_block_layout_parts_equal_the_brute_force(rule):
     anchors, ok, layout = _layout(rule)
-    assert torch.equal(layout.dense(), training_mask(anchors, ok, 30, 4, rule))
+    want = brute_force_mask(anchors, ok, 30, 4, rule.window, rule.causal_block)  # (b, 1, Q, S + Q)
+    assert torch.equal(layout.context, want[..., :30])
+    for j in range(5):  # every block's own part is the (K, K) rule; other blocks' keys never allowed
+        rows = want[:, :, 4 * j : 4 * j + 4, 30:]
+        assert torch.equal(rows[..., 4 * j : 4 * j + 4], layout.in_block.expand_as(rows[..., :4]))
+        assert not rows[..., : 4 * j].any() and not rows[..., 4 * j + 4 :].any()
 
 
 @pytest.mark.parametrize("budget", [None, 1], ids=["one_chunk", "chunk_per_block"])

@@ -66,23 +66,8 @@ def training_mask(
     block_size: int,
     layer: LayerAttention = LayerAttention(),
 ) -> torch.Tensor:
-    """The dense (b, 1, N*K, S + N*K) training mask of one layer kind."""
-    b, n = anchors.shape
-    device = anchors.device
-    q_block = torch.arange(n, device=device).repeat_interleave(block_size)  # (Q,)
-    q_slot = torch.arange(block_size, device=device).repeat(n)  # (Q,)
-    q_anchor = anchors[:, q_block]  # (b, Q)
-    q_valid = anchor_valid[:, q_block]  # (b, Q)
-    kv_pos = torch.arange(seq_len, device=device)  # (S,)
-    ctx = context_before_anchor(q_anchor[:, :, None], kv_pos[None, None, :])  # (b, Q, S)
-    if layer.window is not None:
-        ctx = ctx & within_window((q_anchor + q_slot)[:, :, None], kv_pos[None, None, :], layer.window)
-    ctx = ctx & q_valid[:, :, None]
-    blk = same_block(q_block[:, None], q_block[None, :])  # (Q, Q)
-    if layer.causal_block:
-        blk = blk & causal_in_block(q_slot[:, None], q_slot[None, :])
-    blk = blk[None].expand(b, -1, -1)  # (b, Q, Q)
-    return torch.cat([ctx, blk], dim=-1)[:, None]  # (b, 1, Q, S + Q)
+    """The dense (b, 1, N*K, S + N*K) training mask of one layer kind (the block layout, spelled out)."""
+    return training_layout(anchors, anchor_valid, seq_len, block_size, layer).dense()
 
 
 @dataclass
@@ -127,7 +112,7 @@ def training_layout(
     block_size: int,
     layer: LayerAttention = LayerAttention(),
 ) -> BlockLayout:
-    """The training mask of one layer kind in block form; ``.dense()`` equals :func:`training_mask`."""
+    """The training mask of one layer kind in block form (:func:`training_mask` is its ``.dense()``)."""
     n = anchors.shape[1]
     device = anchors.device
     q_block = torch.arange(n, device=device).repeat_interleave(block_size)  # (Q,)
