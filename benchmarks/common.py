@@ -22,10 +22,12 @@ def git_sha() -> str:
         return "unknown"
 
 
-def timed(fn, repeats: int, warmup: int = 1) -> float:
-    """Median seconds of ``fn()`` over ``repeats`` runs after ``warmup`` runs."""
+def timed(fn, repeats: int, warmup: int = 1, after_warmup=None) -> float:
+    """Median seconds of ``fn()`` over ``repeats`` runs after ``warmup`` runs (then ``after_warmup()``)."""
     for _ in range(warmup):
         fn()
+    if after_warmup is not None:
+        after_warmup()
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()

@@ -43,8 +43,9 @@ import os
 import resource
 import subprocess
 import sys
-import time
 import traceback
+
+from common import timed  # benchmarks/ is on the path: this file runs as a script from there
 
 
 def _log(msg: str) -> None:
@@ -193,18 +194,6 @@ def train_kwargs(args, loss_impl: str) -> dict:
     return train_kw
 
 
-def median_time(fn, repeats: int, after_warmup=None) -> float:
-    fn()  # warm-up (includes torch.compile of create_block_mask on the flex path)
-    if after_warmup is not None:
-        after_warmup()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return sorted(times)[len(times) // 2]
-
-
 def run(args) -> dict:
     from importlib.metadata import version
 
@@ -258,7 +247,7 @@ def run(args) -> dict:
 
     rss_before = _rss_mib()
     try:
-        result["step_s"] = median_time(train_step, args.repeats, after_warmup)
+        result["step_s"] = timed(train_step, args.repeats, after_warmup=after_warmup)
     except Exception as exc:
         traceback.print_exc(file=sys.stderr)
         result["error"] = f"{type(exc).__name__}: {exc}"
@@ -266,7 +255,7 @@ def run(args) -> dict:
         model.zero_grad(set_to_none=True)
         _log("training step failed; timing forward + loss under torch.no_grad")
         try:
-            result["step_s"] = median_time(forward_step, args.repeats, after_warmup)
+            result["step_s"] = timed(forward_step, args.repeats, after_warmup=after_warmup)
         except Exception as exc2:
             traceback.print_exc(file=sys.stderr)
             result["mode"] = "failed"

@@ -13,7 +13,6 @@ stopped and a corrupt or truncated shard is reported and skipped at load time, n
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import os
@@ -22,15 +21,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
+from spec_drafters.targets import sha256_file
+
 FORMAT = 1
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _write_json(path: Path, data: dict) -> None:
@@ -83,7 +76,7 @@ def build_cache(
         bar = tqdm(total=len(starts), desc="cache shards", unit="shard")
     for shard_id, start in enumerate(starts):
         name = f"shard-{shard_id:05d}.safetensors"
-        if name in done and (out / name).is_file() and _sha256(out / name) == done[name]["sha256"]:
+        if name in done and (out / name).is_file() and sha256_file(out / name) == done[name]["sha256"]:
             if bar:
                 bar.update(1)
             continue  # finished before an interruption
@@ -118,7 +111,7 @@ def build_cache(
             "file": name,
             "records": len(chunk),
             "tokens": int(lengths.sum()),
-            "sha256": _sha256(out / name),
+            "sha256": sha256_file(out / name),
         }
         index["shards"] = [s for s in index["shards"] if s["file"] != name] + [entry]
         _write_json(index_path, index)
@@ -154,7 +147,7 @@ class CachedRecords(torch.utils.data.Dataset):
         self.skipped: list[str] = []
         for shard in index["shards"]:
             file = path / shard["file"]
-            if not file.is_file() or _sha256(file) != shard["sha256"]:
+            if not file.is_file() or sha256_file(file) != shard["sha256"]:
                 self.skipped.append(shard["file"])
                 continue
             t = load_file(str(file))

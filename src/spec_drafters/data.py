@@ -119,11 +119,10 @@ class EpochShuffle(DistributedSampler):
         lo, hi = self.rank * self.batch_size, (self.rank + 1) * self.batch_size
         return iter([i for batch in self._global_batches()[skip:] for i in batch[lo:hi]])
 
-    def __len__(self) -> int:
-        return sum(
-            len(b[self.rank * self.batch_size : (self.rank + 1) * self.batch_size])
-            for b in self._global_batches()
-        )
+    def __len__(self) -> int:  # one process takes everything; W ranks a batch of every full global batch
+        if self.num_replicas == 1:
+            return self.total
+        return self.total // (self.batch_size * self.num_replicas) * self.batch_size
 
 
 class TextDataModule(pl.LightningDataModule):

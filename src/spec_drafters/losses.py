@@ -55,6 +55,7 @@ class SlotBatch:
         return cls(hidden, labels, slots, supervised, head=lambda x: x, teacher=teacher, _logits=logits)
 
     _logits: torch.Tensor | None = None
+    _top: dict | None = None  # chunk start -> (C,) argmax, noted while per_row computes the logits
 
     @property
     def empty(self) -> bool:
@@ -83,8 +84,12 @@ class SlotBatch:
         if len(chunks) == 1:
             return fn(self.logits, slice(None))
 
+        self._top = {}
+
         def piece(h: torch.Tensor, rows: slice) -> torch.Tensor:
-            return fn(self.head(h), rows)
+            logits = self.head(h)
+            self._top[rows.start] = logits.detach().argmax(-1)  # argmax() then needs no head pass
+            return fn(logits, rows)
 
         return torch.cat(
             [
@@ -99,7 +104,12 @@ class SlotBatch:
         chunks = self._chunks()
         if len(chunks) == 1:
             return self.logits.argmax(-1)
-        return torch.cat([self.head(self.hidden[rows]).argmax(-1) for rows in chunks])
+        top = self._top if self._top is not None else {}
+        for rows in chunks:
+            if rows.start not in top:
+                top[rows.start] = self.head(self.hidden[rows]).argmax(-1)
+        self._top = top
+        return torch.cat([top[rows.start] for rows in chunks])
 
     def mean(self, values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
         """sum(w * v) / the normaliser of sum(w) (see ``denominator``)."""

@@ -306,10 +306,10 @@ class DFlashModule(pl.LightningModule):
             head=self.target.head,
             teacher=inp.teacher,
             chunk_rows=self.loss_chunk_rows if self.training else None,
-            denominator=self._global_mean if self.trainer_world_size() > 1 else None,
+            denominator=self._global_mean if self._world_size() > 1 else None,
         )
 
-    def trainer_world_size(self) -> int:
+    def _world_size(self) -> int:
         return self._trainer.world_size if self._trainer is not None else 1
 
     def _global_mean(self, local: torch.Tensor) -> torch.Tensor:
@@ -401,7 +401,6 @@ class DFlashModule(pl.LightningModule):
         trainer = self._trainer
         if trainer is not None and not trainer.sanity_checking:
             log_acceptance_figure(trainer, acc.tolist(), curves)
-        if trainer is not None and not trainer.sanity_checking:
             log_dir = trainer.log_dir  # a broadcast under data parallelism: every rank asks, once
             if log_dir and trainer.is_global_zero:
                 Path(log_dir).mkdir(parents=True, exist_ok=True)

@@ -161,7 +161,8 @@ def find_smollm2_gguf() -> Path:
     return files[0]
 
 
-def _sha256(path: Path) -> str:
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file, read in 4 MiB pieces (GGUF identity, offline-cache shard checksums)."""
     h = hashlib.sha256()
     with open(path, "rb") as fh:
         for chunk in iter(lambda: fh.read(1 << 22), b""):
@@ -226,7 +227,7 @@ class EmbeddedSmolLM2(TargetLoader):
     def folder(self) -> Path:
         gguf = find_smollm2_gguf()
         # Keyed by the GGUF's content hash (0.2 s to compute), so a new wheel version converts afresh.
-        out = cache_root() / f"{self.card_name}-{_sha256(gguf)[:16]}"
+        out = cache_root() / f"{self.card_name}-{sha256_file(gguf)[:16]}"
         with _file_lock(cache_root() / f"{self.card_name}.lock"):
             if not (out / "model.safetensors").is_file():
                 convert_gguf(gguf, out)
