@@ -541,6 +541,12 @@ def _corpus(argv: list[str]) -> None:
     corpus.main(argv)
 
 
+def _reference_corpus(argv: list[str]) -> None:
+    from spec_drafters import reference_corpus
+
+    reference_corpus.main(argv)
+
+
 #: Commands of our own; everything else (fit, validate, test) goes to LightningCLI.
 COMMANDS = {
     "registry": print_registry,
@@ -551,6 +557,7 @@ COMMANDS = {
     "diff": diff_cmd,
     "lint": lint_cmd,
     "corpus": _corpus,
+    "reference-corpus": _reference_corpus,
     "cache": cache_cmd,
 }
 

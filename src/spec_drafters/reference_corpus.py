@@ -1,0 +1,254 @@
+"""The reference drafter's corpus: every docstring of the standard library, answered by the target.
+
+Two kinds of training text, both from the Python standard library so that they exist offline on every
+machine (docs/reference.md compares them per CPU-hour):
+
+- ``answers``: a prompt for every function, method and class that has a docstring (all modules,
+  private names included), cut from its ``def``/``class`` line to the end of the docstring and
+  dedented, the shape of a HumanEval prompt; the response is the target's own greedy continuation.
+  On this text the target's argmax *is* the next token, so block labels are exactly what chain
+  verification accepts.
+- ``source``: the library's real source files in windows of whole lines, no generation; training
+  labels are the target's argmax at every position (teacher-forced). Cheap (one forward per token,
+  no decoding loop), but from slot 2 on a block's later labels follow the real text rather than the
+  target's own choices.
+
+Both keep the HumanEval overlap filter (:func:`spec_drafters.corpus.humaneval_overlap`): no item that
+shares a function name or a 10-word shingle with a HumanEval prompt, so HumanEval stays a clean exam.
+
+Generation is a resumable stage: items are cut into fixed parts of ``part_size`` in a deterministic
+order; each part is answered in left-padded greedy batches (HF ``generate``: KV cache, sorted by length
+to limit padding) and written atomically as ``part-NNNNN.jsonl.gz``. An interrupted run keeps its
+finished parts and continues with the next one; ``assemble`` joins the parts into one file whose
+sha256 over the *uncompressed* lines is the corpus's identity (gzip headers carry a time stamp).
+"""
+
+from __future__ import annotations
+
+import ast
+import gzip
+import hashlib
+import json
+import os
+import sysconfig
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from spec_drafters.corpus import humaneval_overlap, split_of
+
+#: Test suites are not code a user asks a model to write; site-packages is not the standard library.
+SKIP_DIRS = {"test", "tests", "site-packages", "__pycache__"}
+
+#: Docstring-bearing definitions whose prompt is longer than this are skipped (a few giant classes).
+MAX_PROMPT_CHARS = 3000
+
+
+def stdlib_files(root: Path | None = None) -> Iterator[tuple[Path, str]]:
+    """(path relative to the library root, source) of every parseable module, in sorted order."""
+    root = Path(sysconfig.get_paths()["stdlib"]) if root is None else root
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        if SKIP_DIRS & set(rel.parts[:-1]) or rel.name.startswith("test_"):
+            continue
+        try:
+            source = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        yield rel, source
+
+
+def docstring_items(root: Path | None = None) -> Iterator[dict]:
+    """One prompt per function, method or class with a docstring (``ast.walk`` order per module)."""
+    kinds = {ast.FunctionDef: "function", ast.AsyncFunctionDef: "function", ast.ClassDef: "class"}
+    for rel, source in stdlib_files(root):
+        try:
+            tree = ast.parse(source)
+        except (SyntaxError, ValueError):
+            continue
+        lines = source.splitlines()
+        for node in ast.walk(tree):
+            kind = kinds.get(type(node))
+            doc = ast.get_docstring(node, clean=True) if kind else None
+            if not doc or len(doc) < 20:
+                continue
+            # From the def/class line (decorators excluded, as in HumanEval) to the docstring's end.
+            text = textwrap.dedent("\n".join(lines[node.lineno - 1 : node.body[0].end_lineno])) + "\n"
+            if len(text) > MAX_PROMPT_CHARS:
+                continue
+            yield {
+                "id": f"{rel.as_posix()}:{node.lineno}:{node.name}",
+                "name": node.name,
+                "kind": kind,
+                "prompt": text,
+            }
+
+
+def source_windows(root: Path | None = None, max_chars: int = 1200) -> Iterator[dict]:
+    """Real source in windows of whole lines of at most ``max_chars`` (about 300-400 tokens)."""
+    for rel, source in stdlib_files(root):
+        window: list[str] = []
+        size, first = 0, 1
+        for lineno, line in enumerate(source.splitlines(keepends=True), 1):
+            if window and size + len(line) > max_chars:
+                yield {"id": f"{rel.as_posix()}#{first}", "name": "", "text": "".join(window)}
+                window, size, first = [], 0, lineno
+            window.append(line)
+            size += len(line)
+        if window and "".join(window).strip():
+            yield {"id": f"{rel.as_posix()}#{first}", "name": "", "text": "".join(window)}
+
+
+def select_items(items: list[dict], val_fraction: float) -> list[dict]:
+    """Drops HumanEval overlaps, orders by a hash of the id (spread over the library), adds ``split``."""
+    field = "prompt" if items and "prompt" in items[0] else "text"
+    bad = set(humaneval_overlap([{**it, "prompt": it[field]} for it in items]))
+    kept = [it for it in items if it["id"] not in bad]
+    kept.sort(key=lambda it: hashlib.sha1(it["id"].encode()).hexdigest())
+    return [{**it, "split": split_of(it["id"], val_fraction)} for it in kept]
+
+
+@torch.no_grad()
+def answer_batch(chunk: list[dict], target, max_new_tokens: int) -> list[dict]:
+    """Greedy continuations of one left-padded batch (KV cache inside ``generate``)."""
+    model, tok = target.model, target.tokenizer
+    eos = target.card.eos_token_ids
+    enc = [tok.encode(it["prompt"]) for it in chunk]
+    width = max(map(len, enc))
+    ids = torch.full((len(enc), width), eos[0])
+    attn = torch.zeros((len(enc), width), dtype=torch.long)
+    for i, e in enumerate(enc):
+        ids[i, width - len(e) :] = torch.tensor(e)
+        attn[i, width - len(e) :] = 1
+    out = model.generate(
+        ids,
+        attention_mask=attn,
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=eos,
+        pad_token_id=eos[0],
+    )
+    records = []
+    for it, row in zip(chunk, out[:, width:].tolist(), strict=True):
+        stop = next((i for i, t in enumerate(row) if t in eos), len(row))
+        records.append({**it, "response": tok.decode(row[:stop]), "finished": stop < len(row)})
+    return records
+
+
+def _write_part(path: Path, records: list[dict]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as fh:
+        fh.write("".join(json.dumps(r) + "\n" for r in records).encode())
+    os.replace(tmp, path)  # atomic: a killed run never leaves a half-written part
+
+
+def _count_lines(path: Path) -> int:
+    with gzip.open(path, "rt", encoding="utf-8") as fh:
+        return sum(1 for _ in fh)
+
+
+def generate_parts(
+    items: list[dict], target, out: Path, part_size: int, batch_size: int, max_new_tokens: int
+) -> None:
+    """Answers ``items`` part by part into ``out``; finished parts (full line count) are kept."""
+    from tqdm import tqdm
+
+    out.mkdir(parents=True, exist_ok=True)
+    starts = list(range(0, len(items), part_size))
+    done = {
+        s
+        for s in starts
+        if (p := out / f"part-{s // part_size:05d}.jsonl.gz").is_file()
+        and _count_lines(p) == len(items[s : s + part_size])
+    }
+    bar = tqdm(total=len(items), initial=sum(len(items[s : s + part_size]) for s in done), unit="prompt")
+    bar.set_description("answering")
+    for s in starts:
+        if s in done:
+            continue
+        part = items[s : s + part_size]
+        lengths = [len(target.tokenizer.encode(it["prompt"])) for it in part]
+        order = sorted(range(len(part)), key=lambda i: (lengths[i], part[i]["id"]))  # less padding
+        answered: dict[int, dict] = {}
+        for b in range(0, len(order), batch_size):
+            idx = order[b : b + batch_size]
+            for i, rec in zip(idx, answer_batch([part[i] for i in idx], target, max_new_tokens), strict=True):
+                answered[i] = rec
+            bar.update(len(idx))
+        _write_part(out / f"part-{s // part_size:05d}.jsonl.gz", [answered[i] for i in range(len(part))])
+    bar.close()
+
+
+def assemble(parts: list[Path], out: Path) -> dict:
+    """Joins parts in order into ``out`` (deterministic gzip); returns counts and the content sha256."""
+    digest = hashlib.sha256()
+    n = 0
+    tmp = out.with_name(out.name + ".tmp")
+    with open(tmp, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as dst:
+        for part in parts:
+            with gzip.open(part, "rb") as src:
+                for line in src:
+                    digest.update(line)
+                    dst.write(line)
+                    n += 1
+    os.replace(tmp, out)
+    return {"records": n, "sha256": digest.hexdigest(), "file": str(out)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(
+        prog="spec-drafters reference-corpus",
+        description="Stage 1 of the reference recipe: answer every stdlib docstring prompt with the "
+        "embedded target (resumable), or cut the stdlib's source into teacher-forced windows.",
+    )
+    ap.add_argument("--out", required=True, help="a folder: parts, then corpus.jsonl.gz and manifest.json")
+    ap.add_argument("--kind", choices=["answers", "source"], default="answers")
+    ap.add_argument("--limit", type=int, help="only the first N items of the deterministic order")
+    ap.add_argument("--part_size", type=int, default=256)
+    ap.add_argument("--batch_size", type=int, default=32)
+    ap.add_argument("--max_new_tokens", type=int, default=128)
+    ap.add_argument("--val_fraction", type=float, default=0.03)
+    ap.add_argument(
+        "--threads",
+        type=int,
+        help="torch threads (on a shared machine 1 thread beats 2 that spin-wait for a busy core)",
+    )
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    t0 = time.time()
+    source = docstring_items() if args.kind == "answers" else source_windows()
+    items = select_items(list(source), args.val_fraction)[: args.limit]
+    print(f"{len(items)} {args.kind} items after the HumanEval filter ({time.time() - t0:.0f}s)")
+    out.mkdir(parents=True, exist_ok=True)
+    if args.kind == "answers":
+        from spec_drafters.targets import EmbeddedSmolLM2
+
+        target = EmbeddedSmolLM2().load()
+        generate_parts(items, target, out, args.part_size, args.batch_size, args.max_new_tokens)
+        parts = sorted(out.glob("part-*.jsonl.gz"))
+    else:
+        parts = [out / "part-00000.jsonl.gz"]
+        _write_part(parts[0], items)
+    manifest = assemble(parts, out / "corpus.jsonl.gz")
+    manifest.update(
+        kind=args.kind,
+        items=len(items),
+        max_new_tokens=args.max_new_tokens,
+        val_fraction=args.val_fraction,
+        threads=torch.get_num_threads(),
+        torch=torch.__version__,
+        seconds=round(time.time() - t0, 1),
+    )
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    print(json.dumps(manifest))
+
+
+if __name__ == "__main__":
+    main()
