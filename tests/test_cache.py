@@ -75,3 +75,40 @@ def test_interrupted_build_resumes_and_corrupt_shards_are_skipped(setup, tmp_pat
     with pytest.raises(ValueError, match="fc_ids"):
         CachedRecords(tmp_path, expect={"fc_ids": [1, 2, 3]})
     assert json.loads((tmp_path / "index.json").read_text())["meta"]["fc_ids"] == [1, 2]
+
+
+def test_hard_loss_cache_stores_labels_not_hidden_states(tmp_path):
+    """A hard loss needs only the label ids: stored once, equal to what the online step computes, and
+    the (S, H) label hidden state is left out (the step never runs the head over every position)."""
+    torch.manual_seed(0)
+    module = DFlashModule(
+        target=TinyRandom(num_layers=6),
+        drafter=DrafterConfig(num_layers=1, block_size=4),
+        injection=AllButLast(num_taps=3),
+        target_source=LayerLogits(3),
+    ).eval()
+    train, _ = TextDataModule(path="tests/data/tiny.jsonl", max_length=64).examples(module.tokenizer)
+    index = build_cache(module, train, tmp_path, shard_records=5, progress=False)
+    assert index["meta"]["label_hidden"] is False
+    cached = CachedRecords(tmp_path)
+    assert "label_hidden" not in cached[0] and cached[0]["labels"][0] == -1  # nothing predicts position 0
+    online_batch, offline_batch = collate(train[:4]), collate_cached([cached[i] for i in range(4)])
+    out = module.target(online_batch["input_ids"], attention_mask=online_batch["attention_mask"])
+    want, ok = module.target_source.hard_labels(module.target, out, online_batch["input_ids"])
+    real = online_batch["attention_mask"].bool()
+    assert torch.equal(offline_batch["labels"][real & ok], want[real & ok])
+    torch.testing.assert_close(loss_of(module, offline_batch), loss_of(module, online_batch))
+    with pytest.raises(ValueError, match="label_hidden"):  # a soft loss cannot train from it
+        CachedRecords(tmp_path, expect={"label_hidden": True})
+
+
+def test_records_are_read_lazily_and_survive_pickling(setup, tmp_path):
+    """DataLoader workers receive the dataset pickled: no open memory map travels with it."""
+    import pickle
+
+    module, train = setup
+    build_cache(module, train, tmp_path, shard_records=7, progress=False)
+    cached = CachedRecords(tmp_path)
+    first = cached[8]
+    again = pickle.loads(pickle.dumps(cached))[8]
+    assert cached._open and all(torch.equal(first[k], again[k]) for k in first)

@@ -5,8 +5,15 @@ Per training record the cache keeps the tokens, the loss mask, the tapped featur
 token, already through the final norm) instead of vocabulary-wide logits: labels are recomputed from
 it with the frozen head at train time (dflash.md section 6: caches of many TB came from storing logits).
 
+Hard labels are computed once at build time and stored as token ids (``labels``, -1 where no
+label exists): a hard loss then never runs the vocabulary head over every position of every step,
+which on a small target cost more than the drafter itself. The label hidden state is stored only
+when the loss needs the target's distribution (soft losses).
+
 Layout: ``index.json`` + ``shard-NNNNN.safetensors``; each shard holds flat ``input_ids``,
-``loss_mask``, ``features``, ``label_hidden`` over its records' tokens and ``offsets`` (records + 1).
+``loss_mask``, ``features``, ``labels`` (and ``label_hidden`` for soft losses) over its records'
+tokens and ``offsets`` (records + 1). Shards are read through memory maps, record by record, so a
+cache larger than memory trains without loading it whole.
 The index lists every finished shard with its sha256, so an interrupted build resumes where it
 stopped and a corrupt or truncated shard is reported and skipped at load time, never used.
 """
@@ -19,11 +26,12 @@ import os
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from spec_drafters.targets import sha256_file
 
-FORMAT = 1
+FORMAT = 2  # 2: hard labels stored; label_hidden only for soft losses
 
 
 def _write_json(path: Path, data: dict) -> None:
@@ -52,6 +60,7 @@ def build_cache(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     source = module.target_source
+    soft = module.loss_fn.needs_distribution
     meta = {
         "format": FORMAT,
         "target": module.card.name,
@@ -59,6 +68,7 @@ def build_cache(
         "label_source": name_of(source),
         "label_layers": source.layer_ids(module.card),
         "dtype": dtype,
+        "label_hidden": soft,
         "records": len(examples),
     }
     index_path = out / "index.json"
@@ -85,6 +95,7 @@ def build_cache(
             "input_ids": [],
             "loss_mask": [],
             "features": [],
+            "labels": [],
             "label_hidden": [],
         }
         for b in range(0, len(chunk), batch_size):
@@ -94,12 +105,15 @@ def build_cache(
             out_ = tgt(batch["input_ids"], attention_mask=batch["attention_mask"])
             feats = torch.cat([out_.taps[i] for i in module.fc_ids], dim=-1)  # (b, S, n*H)
             hidden = source.predictor_hidden(tgt, out_) if source.has_distribution else None  # (b, S, H)
+            labels, valid = source.hard_labels_from(tgt, hidden, batch["input_ids"])  # (b, S)
+            labels = labels.masked_fill(~valid, -1).to(torch.int32)
             for i, ex in enumerate(group):
                 n = len(ex.input_ids)
                 parts["input_ids"].append(torch.tensor(ex.input_ids))
                 parts["loss_mask"].append(torch.tensor(ex.loss_mask))
                 parts["features"].append(feats[i, :n].to(store))
-                if hidden is not None:
+                parts["labels"].append(labels[i, :n])
+                if soft:
                     parts["label_hidden"].append(hidden[i, :n].to(store))
         lengths = torch.tensor([len(ex.input_ids) for ex in chunk])
         tensors = {k: torch.cat(v).contiguous() for k, v in parts.items() if v}
@@ -126,7 +140,10 @@ def build_cache(
 
 
 class CachedRecords(torch.utils.data.Dataset):
-    """The records of a cache; shards failing their checksum are reported and skipped, never used."""
+    """The records of a cache, read lazily through memory maps; shards failing their checksum are
+    reported and skipped, never used."""
+
+    FIELDS = ("input_ids", "loss_mask", "features", "labels", "label_hidden")
 
     def __init__(self, path: str | Path, expect: dict | None = None):
         from lightning.pytorch.utilities import rank_zero_warn
@@ -137,40 +154,52 @@ class CachedRecords(torch.utils.data.Dataset):
                 f"--data.cache: no index.json in {path} (build it with spec-drafters cache)"
             )
         index = json.loads((path / "index.json").read_text())
+        if index["meta"].get("format") != FORMAT:
+            raise ValueError(
+                f"--data.cache {path} has format {index['meta'].get('format')}, this version reads "
+                f"{FORMAT}: rebuild it with spec-drafters cache"
+            )
         for key, value in (expect or {}).items():
             if index["meta"].get(key) != value:
                 built = index["meta"].get(key)
                 raise ValueError(
                     f"--data.cache {path} was built with {key}={built!r}, this run needs {value!r}"
                 )
-        self.items: list[dict[str, torch.Tensor]] = []
+        self.files: list[Path] = []
+        self.records: list[tuple[int, int, int]] = []  # (shard, first token, end token)
         self.skipped: list[str] = []
         for shard in index["shards"]:
             file = path / shard["file"]
             if not file.is_file() or sha256_file(file) != shard["sha256"]:
                 self.skipped.append(shard["file"])
                 continue
-            t = load_file(str(file))
-            off = t["offsets"].tolist()
-            for a, b in itertools.pairwise(off):
-                item = {
-                    k: t[k][a:b] for k in ("input_ids", "loss_mask", "features", "label_hidden") if k in t
-                }
-                self.items.append(item)
+            with safe_open(str(file), framework="pt") as f:
+                off = f.get_tensor("offsets").tolist()
+            self.records += [(len(self.files), a, b) for a, b in itertools.pairwise(off)]
+            self.files.append(file)
+        self._open: dict[int, object] = {}
         if self.skipped:
             rank_zero_warn(f"--data.cache: skipped shards failing their checksum or missing: {self.skipped}")
-        if not self.items:
+        if not self.records:
             raise ValueError(f"--data.cache {path}: no usable shard")
 
     def __len__(self) -> int:
-        return len(self.items)
+        return len(self.records)
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return self.items[i]
+        shard, a, b = self.records[i]
+        if shard not in self._open:  # opened on first use in each (worker) process
+            self._open[shard] = safe_open(str(self.files[shard]), framework="pt")
+        f = self._open[shard]
+        return {k: f.get_slice(k)[a:b] for k in self.FIELDS if k in f.keys()}
+
+    def __getstate__(self) -> dict:  # memory maps do not cross process boundaries; reopen there
+        return {**self.__dict__, "_open": {}}
 
 
 def collate_cached(items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """Right-pads a batch of cached records: ids, masks, features (b, S, n*H), label hidden (b, S, H)."""
+    """Right-pads a batch of cached records: ids, masks, features (b, S, n*H), labels (b, S) with -1
+    where none exists, label hidden (b, S, H) for soft losses."""
     width = max(len(it["input_ids"]) for it in items)
     b = len(items)
     out = {
@@ -179,6 +208,8 @@ def collate_cached(items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tens
         "loss_mask": torch.zeros((b, width), dtype=torch.long),
         "features": torch.zeros((b, width, items[0]["features"].shape[-1]), dtype=torch.float32),
     }
+    if "labels" in items[0]:
+        out["labels"] = torch.full((b, width), -1, dtype=torch.long)
     if "label_hidden" in items[0]:
         out["label_hidden"] = torch.zeros((b, width, items[0]["label_hidden"].shape[-1]), dtype=torch.float32)
     for i, it in enumerate(items):
@@ -187,6 +218,8 @@ def collate_cached(items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tens
         out["attention_mask"][i, :n] = 1
         out["loss_mask"][i, :n] = it["loss_mask"]
         out["features"][i, :n] = it["features"].float()
+        if "labels" in out:
+            out["labels"][i, :n] = it["labels"]
         if "label_hidden" in out:
             out["label_hidden"][i, :n] = it["label_hidden"].float()
     return out

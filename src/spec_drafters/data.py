@@ -217,6 +217,8 @@ class TextDataModule(pl.LightningDataModule):
                 "fc_ids": module.fc_ids,
                 "label_source": name_of(module.target_source),
             }
+            if module.loss_fn.needs_distribution:  # soft losses read the cached label hidden state
+                expect["label_hidden"] = True
             self.train = CachedRecords(self.cache, expect)
             rank_zero_info(f"train: {len(self.train)} cached records from {self.cache}")
 

@@ -247,7 +247,10 @@ class DFlashModule(pl.LightningModule):
                     for i, r in enumerate(rows)
                 ]
             )  # (b, S, n*H)
-        labels, label_ok = source.hard_labels_from(self.target, hidden, ids)  # (b, S)
+        if "labels" in batch:  # offline: hard labels computed once when the cache was built
+            labels, label_ok = batch["labels"].clamp(min=0), batch["labels"] >= 0  # (b, S)
+        else:
+            labels, label_ok = source.hard_labels_from(self.target, hidden, ids)  # (b, S)
         drawn = [
             sampler(loss_mask[i : i + 1], k, torch.Generator().manual_seed(_row_seed(seed, r)))
             for i, r in enumerate(rows)
