@@ -191,7 +191,8 @@ class CachedRecords(torch.utils.data.Dataset):
         if shard not in self._open:  # opened on first use in each (worker) process
             self._open[shard] = safe_open(str(self.files[shard]), framework="pt")
         f = self._open[shard]
-        return {k: f.get_slice(k)[a:b] for k in self.FIELDS if k in f.keys()}
+        present = set(f.keys())
+        return {k: f.get_slice(k)[a:b] for k in self.FIELDS if k in present}
 
     def __getstate__(self) -> dict:  # memory maps do not cross process boundaries; reopen there
         return {**self.__dict__, "_open": {}}
