@@ -435,6 +435,44 @@ def cache_cmd(argv: list[str]) -> None:
     )
 
 
+def draft_vocab_cmd(argv: list[str]) -> None:
+    """``spec-drafters draft-vocab``: count the training labels for a ``frequent_tokens`` vocabulary."""
+    import argparse
+
+    from spec_drafters.data import collate
+    from spec_drafters.vocab import FrequentTokens, count_labels, coverage
+
+    ap = argparse.ArgumentParser(
+        prog="spec-drafters draft-vocab",
+        description="Count the target's outputs on the training data (the cache's labels with "
+        "--data.cache, else the supervised tokens of the text) and print the held-out coverage of the "
+        "V_d most frequent. Other arguments (--config, --data.*) are LightningCLI's.",
+    )
+    ap.add_argument("--out", required=True, help="the counts file (JSON) for FrequentTokens(counts=...)")
+    ap.add_argument("--sizes", type=int, nargs="+", default=[2048, 4096, 8192, 16384])
+    args, rest = ap.parse_known_args(argv)
+    module, data = load_module(rest, quiet=True, with_data=True)
+    train, val = data.examples(module.tokenizer)
+    if data.cache:
+        from spec_drafters.cache import CachedRecords
+
+        records = CachedRecords(data.cache)
+        counts = count_labels(records[i] for i in range(len(records)))
+    else:
+        counts = count_labels(collate([ex]) for ex in train)
+    held_out = count_labels(collate([ex]) for ex in val)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"source": data.cache or data.path, "tokens": sum(counts.values()), "counts": dict(counts)}
+    out.write_text(json.dumps(payload) + "\n")
+    print(f"{out}: {len(counts)} distinct tokens in {payload['tokens']} training labels")
+    vocab = module.target.vocab_size
+    for size in args.sizes:
+        ids = FrequentTokens(str(out), size).token_ids(vocab)
+        share = coverage(ids, held_out)
+        print(f"V_d {size:>6}: held-out coverage {share:.4f}, head rows {size / vocab:.3f}x")
+
+
 # --- export, inspect, diff, lint ---------------------------------------------------------------------
 def export(argv: list[str]) -> None:
     import argparse
@@ -558,6 +596,7 @@ COMMANDS = {
     "lint": lint_cmd,
     "corpus": _corpus,
     "reference-corpus": _reference_corpus,
+    "draft-vocab": draft_vocab_cmd,
     "cache": cache_cmd,
 }
 

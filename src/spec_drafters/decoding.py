@@ -134,6 +134,8 @@ def speculative_generate(
         # A round commits at most depth + 1 tokens; never draft past the budget.
         depth = min(cfg.block_size, max_new_tokens - len(tokens)) - 1
         tree = verifier.propose(_draft_logits(target, drafter, context, bonus, start, depth))
+        if drafter.draft_ids is not None:  # draft-vocabulary indices -> target token ids
+            tree.tokens = drafter.draft_ids[tree.tokens].tolist()
         ids = [bonus, *tree.tokens]  # node 0 is the bonus (the root)
         parents = [-1, *(p + 1 for p in tree.parents)]
         depths = [0, *tree.depths]
@@ -163,14 +165,15 @@ def speculative_generate(
 def _draft_logits(
     target: FrozenTarget, drafter: DFlashDrafter, context: ContextCache, bonus: int, start: int, depth: int
 ) -> torch.Tensor:
-    """One drafter pass over [bonus, MASK x depth] at positions start.. -> logits of the drafts (depth, V)."""
+    """One drafter pass over [bonus, MASK x depth] at positions start.. -> logits of the drafts (depth, V)
+    (V_d columns, draft-vocabulary indices, when the drafter has a draft vocabulary)."""
     device = target.embed_tokens.weight.device
     if depth == 0:
-        return torch.empty((0, target.vocab_size), device=device)
+        return torch.empty((0, drafter.config.draft_vocab_size or target.vocab_size), device=device)
     block = torch.full((1, depth + 1), drafter.config.mask_token_id, device=device)
     block[0, 0] = bonus
     hidden = drafter(target.embed(block), _positions(start, depth + 1, device), context.kv)  # (1, D+1, H)
-    return target.head(hidden[0, 1:])  # (D, V)
+    return drafter.logits(hidden[0, 1:], target.lm_head)  # (D, V), or (D, V_d) over a draft vocabulary
 
 
 def accept_path(ids: list[int], parents: list[int], posterior: list[int]) -> list[int]:

@@ -61,6 +61,9 @@ class DrafterConfig:
     sliding_window: int | None = None
     causal_block_layers: list[int] = field(default_factory=list)
     """Layers causal inside the block (the others are bidirectional there)."""
+    draft_vocab_size: int | None = None
+    """V_d when the drafter drafts over a subset of the target's vocabulary (``--model.draft_vocab``;
+    the subset's token ids are the ``draft_ids`` buffer); None: the whole vocabulary."""
 
     def resolved(
         self,
@@ -100,7 +103,8 @@ class DrafterConfig:
 
     def validate(self) -> None:
         flag = "--model.drafter"
-        missing = [k for k, v in self.__dict__.items() if v is None and k != "sliding_window"]
+        optional = ("sliding_window", "draft_vocab_size")
+        missing = [k for k, v in self.__dict__.items() if v is None and k not in optional]
         if missing:
             raise ValueError(f"{flag}: unresolved fields {missing} (call resolved() with the target)")
         if self.block_size < 2:
@@ -241,7 +245,41 @@ class DFlashDrafter(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.checkpoint_layers = False  # activation checkpointing per layer (set by the module)
+        # Draft vocabulary (vocab.py): sorted target ids of the V_d draftable tokens, saved with the
+        # weights; the head is the target's frozen lm_head rows at these ids (no new parameters).
+        self.draft_ids: torch.Tensor | None
+        if cfg.draft_vocab_size is None:
+            self.draft_ids = None
+        else:
+            self.register_buffer("draft_ids", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
+        self._head_rows: tuple | None = None  # (key, (V_d, H) rows of the target head), built lazily
         self.reset_parameters()
+
+    def logits(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
+        """(.., H) -> (.., V) through the target's head, or (.., V_d) over the draft vocabulary.
+
+        The (V_d, H) slice of the frozen head is taken once and reused (decoding calls this every
+        round); it is rebuilt when the ids, the device or the dtype change.
+        """
+        if self.draft_ids is None:
+            return lm_head(hidden)
+        w = lm_head.weight
+        key = (self.draft_ids.data_ptr(), self.draft_ids._version, w.data_ptr(), w.dtype, w.device)
+        if self._head_rows is None or self._head_rows[0] != key:
+            self._head_rows = (key, w.detach().index_select(0, self.draft_ids.to(w.device)))
+        return F.linear(hidden, self._head_rows[1])
+
+    def to_target(self, ids: torch.Tensor) -> torch.Tensor:
+        """Draft-vocabulary indices -> target token ids (the identity without a draft vocabulary)."""
+        return ids if self.draft_ids is None else self.draft_ids[ids]
+
+    def to_draft(self, tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
+        """Target token ids -> draft-vocabulary indices, -1 for tokens outside it."""
+        if self.draft_ids is None:
+            return tokens
+        index = torch.full((vocab_size,), -1, dtype=torch.long, device=self.draft_ids.device)
+        index[self.draft_ids] = torch.arange(len(self.draft_ids), device=self.draft_ids.device)
+        return index.to(tokens.device)[tokens]
 
     def reset_parameters(self) -> None:
         for m in self.modules():

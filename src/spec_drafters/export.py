@@ -93,6 +93,12 @@ def _zlab_fields(folder: DrafterFolder) -> dict:
 
 
 def zlab_config(folder: DrafterFolder) -> dict:
+    if folder.config.draft_vocab_size is not None:
+        raise ValueError(
+            f"the z-lab layout has no draft vocabulary (z-lab's drafter always drafts over the target's "
+            f"whole vocabulary); this drafter drafts over {folder.config.draft_vocab_size} tokens: export "
+            "it with --layout speculators (d2t/t2d) or spec_drafters"
+        )
     if folder.config.causal_block_layers:
         raise ValueError(
             "the z-lab layout has no causal-block layers; this drafter's are "
@@ -121,7 +127,7 @@ def speculators_config(folder: DrafterFolder) -> dict:
         "speculators_model_type": "dflash",
         "architectures": ["DFlashSpeculator"],
         "transformer_layer_config": _qwen3_fields(cfg, folder.vocab_size),
-        "draft_vocab_size": folder.vocab_size,
+        "draft_vocab_size": cfg.draft_vocab_size or folder.vocab_size,
         "block_size": cfg.block_size,
         "aux_hidden_state_layer_ids": [i + 1 for i in folder.fc_ids],  # speculators count from 1
         "mask_token_id": cfg.mask_token_id,
@@ -147,6 +153,8 @@ def write_folder(folder: DrafterFolder, path: str | Path, layout: str = "spec_dr
             "num_target_layers": folder.num_target_layers,
         }
     state = {k: v.detach().contiguous().cpu() for k, v in folder.state.items()}
+    if layout == "speculators" and "draft_ids" in state:
+        state.update(speculators_vocab(state.pop("draft_ids"), folder.vocab_size))
     if layout == "spec_drafters":
         state.update({AUX_PREFIX + k: v.detach().contiguous().cpu() for k, v in folder.aux.items()})
     elif folder.aux:
@@ -155,6 +163,14 @@ def write_folder(folder: DrafterFolder, path: str | Path, layout: str = "spec_dr
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     save_file(state, str(out / "model.safetensors"), metadata={"format": "pt", "layout": layout})
     return out
+
+
+def speculators_vocab(draft_ids: torch.Tensor, vocab_size: int) -> dict[str, torch.Tensor]:
+    """speculators' convention: ``d2t[i]`` = target id of draft token i minus i; ``t2d`` marks the
+    target ids inside the draft vocabulary (its rows of the target head, in id order)."""
+    t2d = torch.zeros(vocab_size, dtype=torch.bool)
+    t2d[draft_ids] = True
+    return {"d2t": draft_ids - torch.arange(len(draft_ids)), "t2d": t2d}
 
 
 # --- reading ---------------------------------------------------------------------------------------
@@ -234,7 +250,11 @@ def read_folder(path: str | Path, num_target_layers: int | None = None) -> Draft
             raise ValueError(
                 f"{path}: a speculators config does not say the target's depth; pass num_target_layers"
             )
-        vocab = int(config.get("draft_vocab_size") or qwen["vocab_size"])
+        vocab = int(qwen["vocab_size"])
+        d2t = state.get("d2t")
+        if d2t is not None and int(config.get("draft_vocab_size") or vocab) < vocab:
+            cfg.draft_vocab_size = len(d2t)
+            state["draft_ids"] = d2t.long() + torch.arange(len(d2t))
         for key in SPECULATORS_TARGET_KEYS:
             state.pop(key, None)  # the target's own, filled in by speculators' converter
     return DrafterFolder(cfg, fc_ids, layers, vocab, state, aux, layout, meta)

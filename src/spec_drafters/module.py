@@ -15,7 +15,7 @@ import json
 import math
 import warnings
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -37,6 +37,7 @@ from spec_drafters.target_source import ModelOutput, TargetSource
 from spec_drafters.targets import EmbeddedSmolLM2, TargetLoader
 from spec_drafters.tracking import log_acceptance_figure
 from spec_drafters.verifiers import GreedyChain, Verifier
+from spec_drafters.vocab import DraftVocab, FullVocab
 
 # The frozen target stays in eval mode on purpose (FrozenTarget.train); Lightning warns about it.
 warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
@@ -57,8 +58,9 @@ class StepInputs:
     anchor_ok: torch.Tensor  # (b, N) bool
     block_ids: torch.Tensor  # (b, Q) [anchor, MASK...] per block
     block_pos: torch.Tensor  # (b, Q) absolute positions
-    labels: torch.Tensor  # (b, N, K) slot labels
-    supervised: torch.Tensor  # (b, N, K) bool
+    labels: torch.Tensor  # (b, N, K) slot labels (draft-vocabulary indices, -1 outside it)
+    supervised: torch.Tensor  # (b, N, K) bool: labelled slots whose label the drafter can draft
+    scored: torch.Tensor  # (b, N, K) bool: labelled slots, drafted or not (validation counts misses)
     teacher: Callable[[slice], torch.Tensor] | None  # rows of the M -> (C, V) target logits (soft losses)
     masks: list  # per drafter layer: a BlockLayout, or a dense (b, 1, Q, S + Q) from a plugin mask
 
@@ -79,6 +81,7 @@ class DFlashModule(pl.LightningModule):
         mask: the training attention mask.
         anchors: anchor sampling for training.
         verifier: acceptance rule for the offline and real-decoding metrics.
+        draft_vocab: the target tokens the drafter may propose (default: all; vocab.py).
         eval_verifiers: more verifiers measured offline in validation (e.g. DDTree at several budgets).
         init_from: a drafter folder (any layout: ours, z-lab's, speculators') whose weights start this
             drafter; its fc layers and shape must be this config's (e.g. to validate a reference drafter).
@@ -110,6 +113,7 @@ class DFlashModule(pl.LightningModule):
         anchors: AnchorSampler = lazy_instance(UniformAnchors),
         verifier: Verifier = lazy_instance(GreedyChain),
         eval_verifiers: list[Verifier] | None = None,
+        draft_vocab: DraftVocab = lazy_instance(FullVocab),
         init_from: str | None = None,
         val_anchors: int = 64,
         loss_chunk_rows: int | None = None,
@@ -151,11 +155,17 @@ class DFlashModule(pl.LightningModule):
         cfg = drafter.resolved(
             loaded.model.config, len(self.fc_ids), self.card.mask_token_id, mask.per_layer(drafter.num_layers)
         )
+        draft_ids = draft_vocab.token_ids(vocab)
+        if draft_ids is not None:
+            cfg = replace(cfg, draft_vocab_size=len(draft_ids))
         # A target built on the meta device (a config check, no weights) gets a meta drafter too.
         on_meta = next(loaded.model.parameters()).is_meta
         with torch.device("meta") if on_meta else contextlib.nullcontext():
             self.drafter = DFlashDrafter(cfg)
             loss.bind(cfg.hidden_size)
+        if draft_ids is not None and not on_meta:
+            self.drafter.draft_ids.copy_(draft_ids)
+        self.draft_vocab = draft_vocab
         self.injection, self.target_source, self.noise, self.loss_fn = injection, target_source, noise, loss
         if init_from is not None:
             self._load_folder(init_from)
@@ -203,6 +213,12 @@ class DFlashModule(pl.LightningModule):
             raise ValueError(
                 f"--model.init_from {path}: the folder's drafter differs from this config's: "
                 + ", ".join(f"{k} {theirs.get(k)} vs {mine[k]}" for k in differ)
+            )
+        mine_ids, theirs_ids = self.drafter.draft_ids, folder.state.get("draft_ids")
+        if mine_ids is not None and not torch.equal(mine_ids, theirs_ids):
+            raise ValueError(
+                f"--model.init_from {path}: the folder's draft vocabulary ({len(theirs_ids)} tokens) is "
+                f"not the one --model.draft_vocab gives ({len(mine_ids)} tokens)"
             )
         self.drafter.load_state_dict(folder.state, strict=True)
         head = getattr(self.loss_fn, "head", None)
@@ -258,15 +274,22 @@ class DFlashModule(pl.LightningModule):
         anchors = torch.cat([a for a, _ in drawn])  # (b, N)
         anchor_ok = torch.cat([ok for _, ok in drawn])  # (b, N)
         block_ids, block_pos = build_blocks(ids, anchors, k, self.drafter.config.mask_token_id)  # (b, Q)
-        slot_labels, slot_ok = block_labels(labels, label_ok, loss_mask, anchors, anchor_ok, k)  # (b, N, K)
+        slot_labels, scored = block_labels(labels, label_ok, loss_mask, anchors, anchor_ok, k)  # (b, N, K)
+        # With a draft vocabulary, labels become its indices; a slot whose label lies outside it is not
+        # trained (the drafter can never propose it) but validation still counts it as a miss.
+        slot_labels = self.drafter.to_draft(slot_labels, self.target.vocab_size)  # (b, N, K)
+        slot_ok = scored & (slot_labels >= 0)
         teacher = None
         if self.loss_fn.needs_distribution:
             b_idx, anchor_idx, slot = slot_ok.nonzero(as_tuple=True)  # (M,) each, in (b, N, K) order
             positions = anchors[b_idx, anchor_idx] + slot
 
             @torch.no_grad()
-            def teacher(sel: slice) -> torch.Tensor:  # (C, V), computed per chunk when the loss asks
-                return source.logits_from(self.target, hidden, b_idx[sel], positions[sel])
+            def teacher(sel: slice) -> torch.Tensor:  # (C, V or V_d), per chunk when the loss asks
+                logits = source.logits_from(self.target, hidden, b_idx[sel], positions[sel])  # (C, V)
+                ids = self.drafter.draft_ids
+                # Over a draft vocabulary: the target's distribution restricted to it, renormalised.
+                return logits if ids is None else logits.index_select(-1, ids.to(logits.device))
 
         # A mask component that overrides the dense training_mask (an older plugin) is used as is.
         dense_only = type(self.mask).training_mask is not DrafterMask.training_mask
@@ -286,6 +309,7 @@ class DFlashModule(pl.LightningModule):
             block_pos,
             slot_labels,
             slot_ok,
+            scored,
             teacher,
             masks,
         )
@@ -306,11 +330,15 @@ class DFlashModule(pl.LightningModule):
             labels=inp.labels[ok],
             slots=slots[ok],
             supervised=ok,
-            head=self.target.head,
+            head=self.draft_logits,
             teacher=inp.teacher,
             chunk_rows=self.loss_chunk_rows if self.training else None,
             denominator=self._global_mean if self._world_size() > 1 else None,
         )
+
+    def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(.., H) -> (.., V) or (.., V_d): the target's frozen head, over the draft vocabulary if any."""
+        return self.drafter.logits(hidden, self.target.lm_head)
 
     def _world_size(self) -> int:
         return self._trainer.world_size if self._trainer is not None else 1
@@ -350,15 +378,17 @@ class DFlashModule(pl.LightningModule):
         b, n, k, _ = hidden.shape
         sb = self.slot_batch(hidden, inp)
         parts = self.loss_fn(sb)
-        # Full blocks only: every valid anchor has all K-1 slots supervised, so reshape per block.
-        ok, labels = inp.supervised, inp.labels
+        # Full blocks only: every valid anchor has all K-1 slots labelled, so reshape per block. Labels
+        # outside a draft vocabulary (-1) are scored as misses: the drafter cannot propose them.
+        ok, labels = inp.scored, inp.labels
+        logits = sb.logits if torch.equal(ok, inp.supervised) else self.draft_logits(hidden[ok])  # (M, V)
         draft = torch.zeros((b, n, k), dtype=torch.long, device=hidden.device)
-        draft[ok] = sb.logits.argmax(-1)
+        draft[ok] = logits.argmax(-1)
         hit = (draft == labels) & ok  # (b, N, K)
         self.val_acc.update(hit[:, :, 1:].reshape(-1, k - 1), ok[:, :, 1:].reshape(-1, k - 1))
         # Full blocks: the M rows are the valid anchors' K-1 slots, in order.
-        per_block = sb.logits.view(-1, k - 1, sb.logits.shape[-1])  # (A, K-1, V)
-        per_block_labels = sb.labels.view(-1, k - 1)  # (A, K-1)
+        per_block = logits.view(-1, k - 1, logits.shape[-1])  # (A, K-1, V)
+        per_block_labels = labels[ok].view(-1, k - 1)  # (A, K-1)
         everywhere = torch.ones_like(per_block_labels, dtype=torch.bool)
         for label, verifier in self.offline_verifiers.items():
             if label == "chain":
@@ -489,6 +519,7 @@ class DFlashModule(pl.LightningModule):
                 "mask": name_of(self.mask),
                 "anchors": name_of(self.anchors),
                 "verifier": name_of(self.verifier),
+                "draft_vocab": name_of(self.draft_vocab),
                 "attention": self.drafter.config.attention,
             },
         }

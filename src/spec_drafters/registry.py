@@ -32,6 +32,7 @@ KINDS: dict[str, str] = {
     "attention": "attention kernels, one signature, eager reference first",
     "anchors": "how anchor positions are chosen per sequence",
     "verifier": "the acceptance rule for drafts (offline and in real decoding)",
+    "draft_vocab": "which target tokens the drafter may propose (the head's rows it drafts over)",
     "prompts": "evaluation prompt sets for real decoding",
 }
 
@@ -46,6 +47,7 @@ BUILTIN_MODULES = (
     "spec_drafters.attention",
     "spec_drafters.anchors",
     "spec_drafters.verifiers",
+    "spec_drafters.vocab",
     "spec_drafters.prompts",
 )
 

@@ -1,0 +1,106 @@
+"""Draft vocabularies (component kind ``draft_vocab``): which target tokens the drafter may propose.
+
+The frozen head over the target's whole vocabulary dominates both the drafter's training step and its
+drafting pass on small targets (SmolLM2-135M: 49,152 x 576, about three quarters of a 2-layer drafter's
+FLOPs per slot) and on large-vocabulary ones (Qwen3.6: 248k). A draft vocabulary keeps the V_d tokens
+the target emits most often on the training corpus and drafts over the head's rows for those tokens
+only: a frozen slice, no new parameters (the EAGLE-3 / speculators convention, ``d2t`` / ``t2d``).
+
+Verification is unchanged: the target still checks every drafted token against its own choice, so
+decoding stays lossless; a token outside the subset is simply never drafted, and a block stops being
+accepted there. In training, slots whose label is outside the subset are not supervised; in
+validation they count as misses (the drafter cannot propose them), so ``val/tau`` stays honest.
+
+- ``full_vocab``: the whole vocabulary (the default).
+- ``frequent_tokens``: the ``size`` most frequent tokens of a counts file written by
+  ``spec-drafters draft-vocab`` (the training labels, i.e. the target's own outputs).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from spec_drafters.registry import register
+
+
+class DraftVocab:
+    """Base class of the ``draft_vocab`` kind."""
+
+    component_kind = "draft_vocab"
+
+    def token_ids(self, vocab_size: int) -> torch.Tensor | None:
+        """Sorted target ids of the draftable tokens (V_d,), or None for the whole vocabulary."""
+        raise NotImplementedError
+
+
+@register("draft_vocab", "full_vocab")
+class FullVocab(DraftVocab):
+    """Draft over the target's whole vocabulary."""
+
+    def token_ids(self, vocab_size):
+        return None
+
+
+@register("draft_vocab", "frequent_tokens")
+class FrequentTokens(DraftVocab):
+    """The ``size`` most frequent tokens of a counts file (ties broken by the smaller id).
+
+    Args:
+        counts: JSON written by ``spec-drafters draft-vocab``: ``{"counts": {token id: count}}``.
+        size: V_d, the number of draftable tokens.
+    """
+
+    def __init__(self, counts: str, size: int = 8192):
+        if size < 2:
+            raise ValueError(f"size must be >= 2, got {size}")
+        self.counts, self.size = counts, size
+
+    def token_ids(self, vocab_size):
+        table = read_counts(self.counts)
+        if self.size > vocab_size:
+            raise ValueError(f"size {self.size} exceeds the target's vocabulary of {vocab_size}")
+        bad = [t for t in table if not 0 <= t < vocab_size]
+        if bad:
+            raise ValueError(f"{self.counts}: token ids {bad[:5]} outside the vocabulary 0..{vocab_size - 1}")
+        ranked = sorted(range(vocab_size), key=lambda t: (-table.get(t, 0), t))
+        return torch.tensor(sorted(ranked[: self.size]), dtype=torch.long)
+
+
+def read_counts(path: str | Path) -> dict[int, int]:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no token counts file {path} (write one with spec-drafters draft-vocab)")
+    try:
+        data = json.loads(path.read_text())
+        return {int(k): int(v) for k, v in data["counts"].items()}
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as e:
+        raise ValueError(f"{path}: not a token counts file ({e})") from None
+
+
+def count_labels(batches) -> Counter:
+    """Counts of the supervised labels over an iterable of training batches or cached records.
+
+    A cached record carries the target's labels (``labels``, -1 where none); a text record counts its
+    supervised tokens, which are the target's outputs when the text is the target's own answers.
+    """
+    counts: Counter = Counter()
+    for rec in batches:
+        if "labels" in rec:
+            labels = rec["labels"][rec["loss_mask"].bool() & (rec["labels"] >= 0)]
+        else:
+            labels = rec["input_ids"][rec["loss_mask"].bool()]
+        counts.update(labels.tolist())
+    return counts
+
+
+def coverage(ids: torch.Tensor | None, counts: Counter) -> float:
+    """Fraction of the counted tokens inside the vocabulary ``ids`` (1.0 for the whole vocabulary)."""
+    total = sum(counts.values())
+    if ids is None or not total:
+        return 1.0
+    inside = set(ids.tolist())
+    return sum(n for t, n in counts.items() if t in inside) / total

@@ -1,0 +1,138 @@
+"""Draft vocabularies: the V_d most frequent tokens, a frozen slice of the target's head; decoding stays
+lossless and never drafts outside the subset; validation counts out-of-vocabulary labels as misses;
+the mapping survives the spec_drafters and speculators layouts and z-lab's refuses it."""
+
+import json
+import random
+from dataclasses import replace
+
+import pytest
+import torch
+
+from conftest import tiny_drafter, tiny_target
+from spec_drafters.decoding import greedy_generate, speculative_generate
+from spec_drafters.drafter import DFlashDrafter, DrafterConfig
+from spec_drafters.export import folder_from_module, read_folder, write_folder
+from spec_drafters.injection import AllButLast
+from spec_drafters.module import DFlashModule
+from spec_drafters.targets import TinyRandom
+from spec_drafters.verifiers import DDTree, GreedyChain
+from spec_drafters.vocab import FrequentTokens, count_labels, coverage
+
+
+def _counts(tmp_path, counts: dict[int, int]) -> str:
+    path = tmp_path / "counts.json"
+    path.write_text(json.dumps({"counts": {str(k): v for k, v in counts.items()}}))
+    return str(path)
+
+
+def test_frequent_tokens_hand_case(tmp_path):
+    path = _counts(tmp_path, {7: 5, 3: 9, 11: 5, 2: 1})
+    # 3 (9), then 7 and 11 tie at 5 (smaller id first), then 2; returned sorted by id.
+    assert FrequentTokens(path, size=3).token_ids(20).tolist() == [3, 7, 11]
+    assert FrequentTokens(path, size=5).token_ids(20).tolist() == [0, 2, 3, 7, 11]  # 0: first zero count
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        FrequentTokens(path, size=3).token_ids(10)
+    with pytest.raises(FileNotFoundError, match="draft-vocab"):
+        FrequentTokens(str(tmp_path / "missing.json")).token_ids(10)
+
+
+def test_count_labels_and_coverage():
+    rec = {
+        "input_ids": torch.tensor([5, 6, 6, 7]),
+        "loss_mask": torch.tensor([0, 1, 1, 1]),
+        "labels": torch.tensor([-1, 6, 9, 9]),
+    }
+    assert count_labels([rec]) == {6: 1, 9: 2}  # the cache's labels, supervised positions only
+    del rec["labels"]
+    counts = count_labels([rec])
+    assert counts == {6: 2, 7: 1}  # the text's supervised tokens
+    assert coverage(torch.tensor([6]), counts) == pytest.approx(2 / 3)
+    assert coverage(None, counts) == 1.0
+
+
+def test_draft_logits_are_the_head_columns_of_the_subset():
+    target = tiny_target(dtype="float64")
+    drafter = tiny_drafter(target)
+    ids = torch.tensor([1, 4, 9, 100, 257])
+    sub = DFlashDrafter(replace(drafter.config, draft_vocab_size=len(ids))).double()
+    sub.load_state_dict({**drafter.state_dict(), "draft_ids": ids})
+    hidden = torch.randn(3, target.hidden_size, dtype=torch.float64)
+    full = target.head(hidden)
+    torch.testing.assert_close(sub.logits(hidden, target.lm_head), full[:, ids])
+    assert sub.to_target(torch.tensor([0, 4])).tolist() == [1, 257]
+    assert sub.to_draft(torch.tensor([9, 10, 257]), target.vocab_size).tolist() == [2, -1, 4]
+
+
+@pytest.mark.parametrize("verifier", [GreedyChain(), DDTree(budget=6)])
+def test_decoding_over_a_draft_vocabulary_is_lossless_and_stays_inside_it(verifier, monkeypatch):
+    target = tiny_target(dtype="float64", seed=1)
+    base = tiny_drafter(target, block_size=4)
+    ids = torch.tensor(sorted(random.Random(0).sample(range(target.vocab_size), 40)))
+    drafter = DFlashDrafter(replace(base.config, draft_vocab_size=len(ids))).double().eval()
+    drafter.load_state_dict({**base.state_dict(), "draft_ids": ids})
+    drafted: list[int] = []
+    real_propose = type(verifier).propose
+
+    def spy(self, logits):
+        assert logits.shape[-1] == len(ids)  # the head ran over V_d columns only
+        tree = real_propose(self, logits)
+        drafted.extend(tree.tokens)
+        return tree
+
+    monkeypatch.setattr(type(verifier), "propose", spy)
+    rng = random.Random(3)
+    for _ in range(3):
+        prompt = [rng.randrange(256) for _ in range(rng.randint(1, 12))]
+        want = greedy_generate(target, prompt, 16, eos_ids=[])
+        got = speculative_generate(target, drafter, [1, 2, 3], verifier, prompt, 16, eos_ids=[])
+        assert got.tokens == want.tokens
+    assert drafted and all(0 <= t < len(ids) for t in drafted)  # propose saw draft indices
+
+
+@pytest.fixture(scope="module")
+def vocab_module(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("vocab")
+    # Byte tokenizer: frequent ASCII letters only; every other label is outside the vocabulary.
+    counts = {ord(c): 10 for c in "etaoinshrdlu "}
+    path = _counts(tmp, counts)
+    torch.manual_seed(0)
+    module = DFlashModule(
+        target=TinyRandom(num_layers=6),
+        drafter=DrafterConfig(num_layers=1, block_size=4),
+        injection=AllButLast(num_taps=3),
+        draft_vocab=FrequentTokens(path, size=len(counts)),
+        val_anchors=8,
+    )
+    return module, tmp
+
+
+def test_training_skips_and_validation_counts_out_of_vocabulary_labels(vocab_module):
+    from spec_drafters.anchors import UniformAnchors
+    from spec_drafters.data import TextDataModule, collate
+
+    module, _ = vocab_module
+    train, _ = TextDataModule(path="tests/data/tiny.jsonl", max_length=64).examples(module.tokenizer)
+    batch = collate(train[:4])
+    inp = module.prepare(batch, UniformAnchors(max_anchors=8, require_full_block=True), seed=1, noisy=False)
+    inside = inp.labels >= 0
+    assert inp.scored.any() and (inp.scored & ~inside).any()  # some labelled slots are out of vocabulary
+    assert torch.equal(inp.supervised, inp.scored & inside)  # trained: only those it can draft
+    sb = module.slot_batch(module.draft_hidden(inp), inp)
+    assert sb.logits.shape[-1] == 13 and bool((sb.labels >= 0).all())
+    assert torch.isfinite(module.loss_fn(sb)["loss"])
+
+
+def test_spec_drafters_and_speculators_layouts_keep_the_mapping_zlab_refuses(vocab_module, tmp_path):
+    module, _ = vocab_module
+    folder = folder_from_module(module)
+    ids = module.drafter.draft_ids.clone()
+    for layout in ("spec_drafters", "speculators"):
+        back = read_folder(write_folder(folder, tmp_path / layout, layout), num_target_layers=6)
+        assert back.config.draft_vocab_size == len(ids)
+        assert torch.equal(back.state["draft_ids"], ids)
+    weights = __import__("safetensors.torch").torch.load_file(str(tmp_path / "speculators/model.safetensors"))
+    assert torch.equal(weights["d2t"] + torch.arange(len(ids)), ids)  # target id = draft id + d2t
+    assert int(weights["t2d"].sum()) == len(ids) and bool(weights["t2d"][ids].all())
+    with pytest.raises(ValueError, match="z-lab layout has no draft vocabulary"):
+        write_folder(folder, tmp_path / "zlab", "zlab")
