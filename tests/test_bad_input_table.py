@@ -3,7 +3,7 @@ with the expected exit status and a message naming the file (and line or field),
 
 A row is (id, a function writing its input under tmp_path and returning the command line, exit
 status, fragment of the message). ``made`` holds the tiny artefacts rows start from (a drafter
-folder), built once per module.
+folder, an offline cache), built once per module.
 """
 
 from __future__ import annotations
@@ -42,6 +42,11 @@ class Made:
         module = load_module(["--config", TINY], quiet=True)
         return write_folder(folder_from_module(module), self.root / "drafter")
 
+    @functools.cached_property
+    def cache(self) -> Path:
+        main(["cache", "--config", TINY, "--out", str(self.root / "cache")])
+        return self.root / "cache"
+
 
 @pytest.fixture(scope="module")
 def made(tmp_path_factory) -> Made:
@@ -74,6 +79,11 @@ def _init_from(tmp: Path, made: Made, file: str, content: bytes) -> list[str]:
 def _truncated_weights(tmp: Path, made: Made) -> list[str]:
     whole = (made.drafter / "model.safetensors").read_bytes()
     return _init_from(tmp, made, "model.safetensors", whole[: len(whole) // 2])
+
+
+def _other_data(tmp: Path, made: Made) -> list[str]:
+    other = _write(tmp / "other.jsonl", GOOD.replace(b"return a + b", b"return b + a"))
+    return _fit(tmp, "--data.cache", str(made.cache), "--data.path", other)
 
 
 ROWS = [
@@ -155,6 +165,18 @@ ROWS = [
         lambda tmp, made: ["export", str(tmp / "nope.ckpt"), "--out", str(tmp / "out")],
         1,
         "nope.ckpt: no such file or folder",
+    ),
+    (
+        "cache-other-max-length",
+        lambda tmp, made: _fit(tmp, "--data.cache", str(made.cache), "--data.max_length", "64"),
+        1,
+        "was built with max_length=96, this run has 64 (--data.max_length)",
+    ),
+    (
+        "cache-other-data-file",
+        _other_data,
+        1,
+        "was built with data_sha256=",
     ),
 ]
 

@@ -470,8 +470,7 @@ def cache_cmd(argv: list[str]) -> None:
     ap.add_argument("--shard_records", type=int, default=64)
     args, rest = ap.parse_known_args(argv)
     module, data = load_module(rest, quiet=True, with_data=True)
-    train, _ = data.examples(module.tokenizer)
-    index = build_cache(module, train, args.out, args.dtype, args.shard_records, batch_size=data.batch_size)
+    index = build_cache(module, data, args.out, args.dtype, args.shard_records, batch_size=data.batch_size)
     per_k = index["bytes"] / max(1, index["tokens"]) * 1000
     print(
         f"cache {args.out}: {len(index['shards'])} shards, {index['meta']['records']} records, "

@@ -223,16 +223,11 @@ class TextDataModule(pl.LightningDataModule):
             return
         module = self.trainer.lightning_module
         self.train, self.val = self.examples(module.tokenizer)
-        if self.cache:
-            from spec_drafters.cache import CachedRecords
-            from spec_drafters.registry import name_of
+        if self.cache:  # the records are tokenized all the same: the cache must have been built from them
+            from spec_drafters.cache import CachedRecords, run_meta
 
-            expect = {
-                "target": module.card.name,
-                "fc_ids": module.fc_ids,
-                "label_source": name_of(module.target_source),
-            }
-            self.train = CachedRecords(self.cache, expect)
+            expect = run_meta(module, self, self.train)
+            self.train = CachedRecords(self.cache, expect, examples=self.train)
             rank_zero_info(f"train: {len(self.train)} cached records from {self.cache}")
 
     def train_dataloader(self) -> DataLoader:
