@@ -26,7 +26,7 @@ def test_bad_records_and_long_or_empty_ones(tmp_path, caplog):
         in out
     )
     data.write_text('{"prompt": "a", "response": "b", "split": "train"}\n{"prompt": oops}\n')
-    with pytest.raises(ValueError, match=r"d.jsonl:2: not valid JSON"):
+    with pytest.raises(SystemExit, match=r"^spec-drafters: error: .*d.jsonl:2: not valid JSON"):
         main([*TINY, "--data.path", str(data), "--trainer.default_root_dir", str(tmp_path)])
     with pytest.raises(FileNotFoundError, match=r"--data.path: no file"):
         main([*TINY, "--data.path", str(tmp_path / "missing.jsonl")])

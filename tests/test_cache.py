@@ -1,13 +1,15 @@
 """The offline cache: online and offline training give the same loss on the same batch; an
-interrupted build resumes; a corrupt shard is reported and skipped, never used."""
+interrupted build resumes; a corrupt shard is reported and skipped, never used; a cache built from
+other data, max_length, tokenizer or records is refused with both values named."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
 
 from spec_drafters.anchors import UniformAnchors
-from spec_drafters.cache import CachedRecords, build_cache, collate_cached
+from spec_drafters.cache import CachedRecords, build_cache, collate_cached, run_meta
 from spec_drafters.data import TextDataModule, collate
 from spec_drafters.drafter import DrafterConfig
 from spec_drafters.injection import AllButLast
@@ -27,8 +29,9 @@ def setup():
         target_source=LayerLogits(3),  # a label layer outside fc: the cache must carry its hidden state
         loss=CEKLBlend(alpha=0.15),  # a soft loss: target logits are recomputed from the cached state
     ).eval()
-    train, _ = TextDataModule(path="tests/data/tiny.jsonl", max_length=64).examples(module.tokenizer)
-    return module, train
+    data = TextDataModule(path="tests/data/tiny.jsonl", max_length=64)
+    train, _ = data.examples(module.tokenizer)
+    return module, data, train
 
 
 def loss_of(module, batch):
@@ -38,8 +41,8 @@ def loss_of(module, batch):
 
 
 def test_online_and_offline_losses_match(setup, tmp_path):
-    module, train = setup
-    index = build_cache(module, train, tmp_path, shard_records=7, batch_size=3, progress=False)
+    module, data, train = setup
+    index = build_cache(module, data, tmp_path, shard_records=7, batch_size=3, progress=False)
     assert len(index["shards"]) == 3 and index["meta"]["label_layers"] == [3]
     cached = CachedRecords(tmp_path)
     assert len(cached) == len(train)
@@ -50,20 +53,20 @@ def test_online_and_offline_losses_match(setup, tmp_path):
 
 
 def test_bf16_cache_is_half_the_features(setup, tmp_path):
-    module, train = setup
-    f32 = build_cache(module, train, tmp_path / "f32", progress=False)
-    bf16 = build_cache(module, train, tmp_path / "bf16", dtype="bfloat16", progress=False)
+    module, data, train = setup
+    f32 = build_cache(module, data, tmp_path / "f32", progress=False)
+    bf16 = build_cache(module, data, tmp_path / "bf16", dtype="bfloat16", progress=False)
     assert bf16["bytes"] < 0.6 * f32["bytes"]
     assert abs(loss_of(module, collate_cached([CachedRecords(tmp_path / "bf16")[i] for i in range(4)]))
                - loss_of(module, collate(train[:4]))) < 0.05  # fmt: skip
 
 
 def test_interrupted_build_resumes_and_corrupt_shards_are_skipped(setup, tmp_path):
-    module, train = setup
-    build_cache(module, train, tmp_path, shard_records=7, progress=False)
+    module, data, train = setup
+    build_cache(module, data, tmp_path, shard_records=7, progress=False)
     first = (tmp_path / "shard-00000.safetensors").stat().st_mtime_ns
     (tmp_path / "shard-00002.safetensors").unlink()  # as if killed before the last shard
-    index = build_cache(module, train, tmp_path, shard_records=7, progress=False)
+    index = build_cache(module, data, tmp_path, shard_records=7, progress=False)
     assert (tmp_path / "shard-00000.safetensors").stat().st_mtime_ns == first  # kept, not rebuilt
     assert (tmp_path / "shard-00002.safetensors").is_file() and len(index["shards"]) == 3
     with open(tmp_path / "shard-00001.safetensors", "r+b") as fh:  # flip bytes in the middle
@@ -87,8 +90,9 @@ def test_hard_loss_cache_stores_labels_not_hidden_states(tmp_path):
         injection=AllButLast(num_taps=3),
         target_source=LayerLogits(3),
     ).eval()
-    train, _ = TextDataModule(path="tests/data/tiny.jsonl", max_length=64).examples(module.tokenizer)
-    index = build_cache(module, train, tmp_path, shard_records=5, progress=False)
+    data = TextDataModule(path="tests/data/tiny.jsonl", max_length=64)
+    train, _ = data.examples(module.tokenizer)
+    index = build_cache(module, data, tmp_path, shard_records=5, progress=False)
     assert index["meta"]["label_hidden"] is False
     cached = CachedRecords(tmp_path)
     assert "label_hidden" not in cached[0] and cached[0]["labels"][0] == -1  # nothing predicts position 0
@@ -106,9 +110,75 @@ def test_records_are_read_lazily_and_survive_pickling(setup, tmp_path):
     """DataLoader workers receive the dataset pickled: no open memory map travels with it."""
     import pickle
 
-    module, train = setup
-    build_cache(module, train, tmp_path, shard_records=7, progress=False)
+    module, data, _ = setup
+    build_cache(module, data, tmp_path, shard_records=7, progress=False)
     cached = CachedRecords(tmp_path)
     first = cached[8]
     again = pickle.loads(pickle.dumps(cached))[8]
     assert cached._open and all(torch.equal(first[k], again[k]) for k in first)
+
+
+def _run(module, path, max_length=64, **kw):
+    """This run's expectations and training records for ``path`` at ``max_length``."""
+    data = TextDataModule(path=path, max_length=max_length, **kw)
+    train, _ = data.examples(module.tokenizer)
+    return run_meta(module, data, train), train
+
+
+def test_a_cache_from_other_data_length_tokenizer_or_records_is_refused(setup, tmp_path):
+    module, data, train = setup
+    build_cache(module, data, tmp_path / "c", progress=False)
+    expect, _ = _run(module, "tests/data/tiny.jsonl")
+    assert len(CachedRecords(tmp_path / "c", expect, train)) == len(train)  # this run's own cache
+    with pytest.raises(ValueError, match=r"max_length=64, this run has 32 \(--data.max_length\)"):
+        CachedRecords(tmp_path / "c", _run(module, "tests/data/tiny.jsonl", max_length=32)[0])
+    other = tmp_path / "other.jsonl"  # same records, one character changed
+    other.write_text(Path("tests/data/tiny.jsonl").read_text().replace("a + b", "b + a", 1))
+    with pytest.raises(ValueError, match=r"data_sha256='\w+' \(from tests/data/tiny.jsonl\), this run has "):
+        CachedRecords(tmp_path / "c", _run(module, str(other))[0])
+    with pytest.raises(ValueError, match=r"records=\d+, this run has 5 "):
+        CachedRecords(tmp_path / "c", _run(module, "tests/data/tiny.jsonl", max_train_records=5)[0])
+    with pytest.raises(ValueError, match=r"tokenizer=\{'name': 'ByteTokenizer', 'vocab_size': 259\}, this"):
+        CachedRecords(tmp_path / "c", {**expect, "tokenizer": {"name": "Other", "vocab_size": 259}})
+
+
+def _as_format_1(path):
+    """The index a cache had before it recorded its data, max_length and tokenizer."""
+    index = json.loads((path / "index.json").read_text())
+    index["meta"] = {k: index["meta"][k] for k in ("target", "fc_ids", "label_source", "records", "dtype")}
+    index["meta"]["format"] = 1
+    (path / "index.json").write_text(json.dumps(index))
+
+
+def test_a_format_1_cache_is_used_only_when_its_records_are_this_runs(setup, tmp_path):
+    module, data, train = setup
+    build_cache(module, data, tmp_path, shard_records=7, progress=False)
+    _as_format_1(tmp_path)
+    expect, _ = _run(module, "tests/data/tiny.jsonl")
+    assert len(CachedRecords(tmp_path, expect, train)) == len(train)  # checked token by token
+    expect32, train32 = _run(module, "tests/data/tiny.jsonl", max_length=32)
+    with pytest.raises(
+        ValueError, match=r"format-1 cache .* its record \d+ differs from this run's; rebuild"
+    ):
+        CachedRecords(tmp_path, expect32, train32)
+    with open(tmp_path / "shard-00001.safetensors", "r+b") as fh:  # a shard lost: nothing to compare
+        fh.seek(200)
+        fh.write(b"\x00\x01")
+    with pytest.warns(UserWarning), pytest.raises(ValueError, match=r"cannot be checked .*; rebuild"):
+        CachedRecords(tmp_path, expect, train)
+
+
+def test_tokenizer_identity_is_its_vocabulary_not_its_folder():
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+
+    from spec_drafters.targets import TextTokenizer
+
+    def tok(vocab):
+        return TextTokenizer(PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel(vocab, "u"))))
+
+    a, b = {"u": 0, "x": 1, "y": 2}, {"u": 0, "x": 2, "y": 1}  # same size, two ids swapped
+    assert tok(a).identity() == tok(dict(a)).identity()
+    assert tok(a).identity()["vocab_size"] == tok(b).identity()["vocab_size"] == 3
+    assert tok(a).identity() != tok(b).identity()

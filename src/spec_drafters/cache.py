@@ -16,6 +16,12 @@ tokens and ``offsets`` (records + 1). Shards are read through memory maps, recor
 cache larger than memory trains without loading it whole.
 The index lists every finished shard with its sha256, so an interrupted build resumes where it
 stopped and a corrupt or truncated shard is reported and skipped at load time, never used.
+
+The index's ``meta`` records what the cache was built from (the CHECKED keys: target, fc layers,
+label source, tokenizer, the data file's sha256, max_length, record count); a run whose own values
+differ is refused with both named, since it would otherwise train on the cache's sequences, not its
+own. Format-1 caches recorded only the first three; they are used only when their records equal the
+run's token for token.
 """
 
 from __future__ import annotations
@@ -29,9 +35,44 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from spec_drafters.errors import InputError
 from spec_drafters.targets import sha256_file
 
-FORMAT = 2  # 2: hard labels stored; label_hidden only for soft losses
+#: 2: meta records the tokenizer, the data file's sha256, max_length and the record count; hard labels
+#: are stored; the label hidden state only for soft losses.
+FORMAT = 2
+
+#: What a cache must share with the run training from it, and what sets each in that run.
+CHECKED = {
+    "target": "--model.target",
+    "fc_ids": "--model.injection",
+    "label_source": "--model.target_source",
+    "tokenizer": "the target's tokenizer",
+    "data_sha256": "--data.path",
+    "max_length": "--data.max_length",
+    "records": "training records of --data.path, --data.max_train_records",
+    "label_hidden": "--model.loss (a soft loss needs the cached label hidden state)",
+}
+#: The CHECKED keys a format-1 cache recorded.
+CHECKED_V1 = ("target", "fc_ids", "label_source")
+REBUILD = "rebuild it for this run with spec-drafters cache (same --config and --data.* as the run)"
+
+
+def run_meta(module, data, examples: list) -> dict:
+    """The CHECKED values of this run (and its data path, for messages): ``data`` a TextDataModule,
+    ``examples`` its training records."""
+    from spec_drafters.registry import name_of
+
+    return {
+        "target": module.card.name,
+        "fc_ids": list(module.fc_ids),
+        "label_source": name_of(module.target_source),
+        "tokenizer": module.tokenizer.identity(),
+        "data_sha256": sha256_file(Path(data.path)),
+        "max_length": data.max_length,
+        "records": len(examples),
+        "data_path": str(data.path),  # for messages only: the sha256 is what is compared
+    }
 
 
 def _write_json(path: Path, data: dict) -> None:
@@ -43,39 +84,41 @@ def _write_json(path: Path, data: dict) -> None:
 @torch.no_grad()
 def build_cache(
     module,
-    examples,
+    data,
     out: str | Path,
     dtype: str = "float32",
     shard_records: int = 64,
     batch_size: int = 4,
     progress: bool = True,
 ) -> dict:
-    """Runs the target over ``examples`` (data.Example) and writes the cache; returns the index."""
+    """Runs the target over the training records of ``data`` (a TextDataModule) and writes the
+    cache; returns the index."""
     from spec_drafters.data import collate
-    from spec_drafters.registry import name_of
 
     store = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(dtype)
     if store is None:
         raise ValueError(f"--dtype must be float32 or bfloat16, got {dtype!r}")
+    examples, _ = data.examples(module.tokenizer)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     source = module.target_source
     soft = module.loss_fn.needs_distribution
     meta = {
         "format": FORMAT,
-        "target": module.card.name,
-        "fc_ids": module.fc_ids,
-        "label_source": name_of(source),
+        **run_meta(module, data, examples),
         "label_layers": source.layer_ids(module.card),
         "dtype": dtype,
         "label_hidden": soft,
-        "records": len(examples),
     }
     index_path = out / "index.json"
     index = json.loads(index_path.read_text()) if index_path.is_file() else {"meta": meta, "shards": []}
-    if index["meta"] != meta:
-        raise ValueError(
-            f"{out}: an existing cache was built with {index['meta']}, not {meta}; use a new folder"
+    built = index["meta"]
+    differ = [k for k in meta.keys() | built.keys() if k != "data_path" and built.get(k) != meta.get(k)]
+    if differ:
+        raise InputError(
+            f"{out}: an existing cache was built with "
+            + ", ".join(f"{k}={built.get(k)!r} (this build: {meta.get(k)!r})" for k in sorted(differ))
+            + "; use a new --out folder"
         )
     done = {s["file"]: s for s in index["shards"]}
     starts = range(0, len(examples), shard_records)
@@ -145,8 +188,10 @@ class CachedRecords(torch.utils.data.Dataset):
 
     FIELDS = ("input_ids", "loss_mask", "features", "labels", "label_hidden")
 
-    def __init__(self, path: str | Path, expect: dict | None = None):
-        from lightning.pytorch.utilities import rank_zero_warn
+    def __init__(self, path: str | Path, expect: dict | None = None, examples: list | None = None):
+        """``expect``: this run's CHECKED values (run_meta); ``examples``: its training records, which
+        a format-1 cache must equal token for token (it did not record what it was built from)."""
+        from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
         path = Path(path)
         if not (path / "index.json").is_file():
@@ -154,17 +199,13 @@ class CachedRecords(torch.utils.data.Dataset):
                 f"--data.cache: no index.json in {path} (build it with spec-drafters cache)"
             )
         index = json.loads((path / "index.json").read_text())
-        if index["meta"].get("format") != FORMAT:
-            raise ValueError(
-                f"--data.cache {path} has format {index['meta'].get('format')}, this version reads "
-                f"{FORMAT}: rebuild it with spec-drafters cache"
-            )
-        for key, value in (expect or {}).items():
-            if index["meta"].get(key) != value:
-                built = index["meta"].get(key)
-                raise ValueError(
-                    f"--data.cache {path} was built with {key}={built!r}, this run needs {value!r}"
-                )
+        meta = index["meta"]
+        legacy = meta.get("format", 1) < 2
+        for key in [k for k in CHECKED if k in (expect or {})]:  # in CHECKED's order: the first that differs
+            if legacy and key not in CHECKED_V1:
+                continue  # not recorded: the records themselves are compared below
+            if meta.get(key) != expect[key]:
+                raise InputError(_mismatch(path, meta, expect, key))
         self.files: list[Path] = []
         self.records: list[tuple[int, int, int]] = []  # (shard, first token, end token)
         self.skipped: list[str] = []
@@ -182,6 +223,9 @@ class CachedRecords(torch.utils.data.Dataset):
             rank_zero_warn(f"--data.cache: skipped shards failing their checksum or missing: {self.skipped}")
         if not self.records:
             raise ValueError(f"--data.cache {path}: no usable shard")
+        if legacy and expect is not None:
+            _check_records(path, [self[i] for i in range(len(self))], self.skipped, examples)
+            rank_zero_info(f"--data.cache {path}: a format-1 cache; its records equal this run's")
 
     def __len__(self) -> int:
         return len(self.records)
@@ -196,6 +240,29 @@ class CachedRecords(torch.utils.data.Dataset):
 
     def __getstate__(self) -> dict:  # memory maps do not cross process boundaries; reopen there
         return {**self.__dict__, "_open": {}}
+
+
+def _mismatch(path: Path, meta: dict, expect: dict, key: str) -> str:
+    built, have = repr(meta.get(key)), repr(expect[key])
+    if key == "data_sha256":  # hashes alone do not say which files
+        built, have = f"{built} (from {meta.get('data_path')})", f"{have} (from {expect.get('data_path')})"
+    return (
+        f"--data.cache {path} was built with {key}={built}, this run has {have} ({CHECKED[key]}); {REBUILD}"
+    )
+
+
+def _check_records(path: Path, items: list[dict], skipped: list[str], examples: list | None) -> None:
+    """A format-1 cache is used only if its records are this run's: same count, ids and loss masks."""
+    old = (
+        f"--data.cache {path} is a format-1 cache (it did not record its data file, max_length or tokenizer)"
+    )
+    if skipped or examples is None:
+        raise InputError(f"{old} and its records cannot be checked against this run's; {REBUILD}")
+    if len(items) != len(examples):
+        raise InputError(f"{old}: it has {len(items)} records, this run {len(examples)}; {REBUILD}")
+    for i, (item, ex) in enumerate(zip(items, examples, strict=True)):
+        if item["input_ids"].tolist() != ex.input_ids or item["loss_mask"].tolist() != ex.loss_mask:
+            raise InputError(f"{old}: its record {i} differs from this run's; {REBUILD}")
 
 
 def collate_cached(items: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:

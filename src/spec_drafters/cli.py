@@ -31,6 +31,7 @@ import yaml
 from jsonargparse import lazy_instance
 from lightning.pytorch.cli import LightningCLI
 
+from spec_drafters.errors import InputError
 from spec_drafters.registry import (
     KINDS,
     UnknownComponentError,
@@ -104,9 +105,51 @@ def _configs_from_argv(argv: list[str]) -> list[dict]:
             key, value = arg[2:].split("=", 1)
             configs.append(_dotted(key, value))
         if path and Path(path).is_file():
-            configs.append(yaml.safe_load(Path(path).read_text()) or {})
+            configs.append(read_config(path))
         i += 1
     return configs
+
+
+#: Top-level sections whose value is a mapping of arguments, or a string jsonargparse reads as a file.
+SECTIONS = ("model", "data", "trainer")
+
+
+def read_config(path: str | Path) -> dict:
+    """A config file's mapping. Malformed YAML names the file and line (yaml alone says
+    ``<unicode string>``); a top level or a section that is not a mapping names the file and field."""
+    if not Path(path).is_file():
+        raise InputError(f"{path}: no such config file")
+    try:
+        cfg = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise InputError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    except yaml.YAMLError as e:
+        raise InputError(f"{path}{_yaml_place(e)}: not valid YAML ({_yaml_problem(e)})") from None
+    cfg = {} if cfg is None else cfg
+    if not isinstance(cfg, dict):
+        raise InputError(
+            f"{path}: the top level must be a mapping of sections (model:, data:, trainer:), "
+            f"got a {type(cfg).__name__}"
+        )
+    for key in SECTIONS:
+        value = cfg.get(key)
+        if not (value is None or isinstance(value, (dict, str))):
+            raise InputError(
+                f"{path}: '{key}:' must be a mapping of arguments (or a config file), "
+                f"got {type(value).__name__} {value!r}"
+            )
+    return cfg
+
+
+def _yaml_place(e: yaml.YAMLError) -> str:
+    mark = getattr(e, "problem_mark", None)
+    return f":{mark.line + 1}:{mark.column + 1}" if mark else ""
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    problem = getattr(e, "problem", None) or str(e)
+    context, mark = getattr(e, "context", None), getattr(e, "context_mark", None)
+    return f"{problem}, {context} at line {mark.line + 1}" if context and mark else problem
 
 
 def _dotted(key: str, value: str) -> dict:
@@ -123,7 +166,9 @@ def check_argv_components(argv: list[str]) -> None:
     from spec_drafters.module import DFlashModule
 
     for cfg in _configs_from_argv(argv):
-        check_components(DFlashModule, cfg.get("model") or {}, "--model")
+        model = cfg.get("model")
+        if isinstance(model, dict):  # a file path is checked by jsonargparse
+            check_components(DFlashModule, model, "--model")
         trainer = cfg.get("trainer")
         trainer = (
             trainer if isinstance(trainer, dict) else {}
@@ -425,8 +470,7 @@ def cache_cmd(argv: list[str]) -> None:
     ap.add_argument("--shard_records", type=int, default=64)
     args, rest = ap.parse_known_args(argv)
     module, data = load_module(rest, quiet=True, with_data=True)
-    train, _ = data.examples(module.tokenizer)
-    index = build_cache(module, train, args.out, args.dtype, args.shard_records, batch_size=data.batch_size)
+    index = build_cache(module, data, args.out, args.dtype, args.shard_records, batch_size=data.batch_size)
     per_k = index["bytes"] / max(1, index["tokens"]) * 1000
     print(
         f"cache {args.out}: {len(index['shards'])} shards, {index['meta']['records']} records, "
@@ -490,6 +534,8 @@ def export(argv: list[str]) -> None:
     ap.add_argument("--num_target_layers", type=int, help="the target's depth (speculators folders omit it)")
     args = ap.parse_args(argv)
     src = Path(args.source)
+    if not src.exists():
+        raise InputError(f"{src}: no such file or folder (export reads a checkpoint or a drafter folder)")
     folder = read_folder(src, args.num_target_layers) if src.is_dir() else folder_from_checkpoint(src)
     out = write_folder(folder, args.out, args.layout)
     print(f"wrote {out} ({args.layout} layout, {len(folder.state)} drafter tensors)")
@@ -516,6 +562,11 @@ def diff_cmd(argv: list[str]) -> None:
         sys.exit(
             "usage: spec-drafters diff A B [--all] [--json]   (config YAML, drafter folder or checkpoint)"
         )
+    for p in paths:
+        if not Path(p).exists():
+            raise InputError(
+                f"{p}: no such file or folder (diff reads config YAMLs, drafter folders, checkpoints)"
+            )
     rows = diff(paths[0], paths[1], everything="--all" in argv)
     if "--json" in argv:
         print(json.dumps([{"choice": k, "a": a, "b": b} for k, a, b in rows], indent=2, default=str))
@@ -562,15 +613,40 @@ def print_registry(argv: list[str]) -> None:
 
 def compare(argv: list[str]) -> None:
     """Prints the metrics of several ``--results`` files side by side."""
+    from spec_drafters.tools import distinct_labels, legend
+
     if not argv:
         sys.exit("usage: spec-drafters compare RESULTS.json [RESULTS.json ...]")
-    runs = {Path(p).stem: json.loads(Path(p).read_text())["metrics"] for p in argv}
-    keys = sorted({k for m in runs.values() for k in m})
-    width = max(len(k) for k in keys)
-    print(f"{'metric':<{width}}  " + "  ".join(f"{name:>14}" for name in runs))
+    runs = [_metrics(p) for p in argv]
+    # Columns keyed by position, labelled by the shortest distinguishing path: two runs/*/fit.json
+    # are two columns, not one (a dict keyed by file stem kept the last only).
+    labels = distinct_labels([Path(p).with_suffix("") for p in argv])
+    keys = sorted({k for m in runs for k in m})
+    width = max([len("metric"), *map(len, keys)])
+    cols = [max(14, len(label)) for label in labels]
+    print(
+        f"{'metric':<{width}}  " + "  ".join(f"{label:>{w}}" for label, w in zip(labels, cols, strict=True))
+    )
     for k in keys:
-        cells = [f"{runs[name][k]:>14.4f}" if k in runs[name] else f"{'-':>14}" for name in runs]
+        cells = [f"{m[k]:>{w}.4f}" if k in m else f"{'-':>{w}}" for m, w in zip(runs, cols, strict=True)]
         print(f"{k:<{width}}  " + "  ".join(cells))
+    print(legend(labels, argv))
+
+
+def _metrics(path: str) -> dict[str, float]:
+    """The ``metrics`` of a ``--results`` file; anything else names the file and field."""
+    from spec_drafters.errors import read_json
+
+    data = read_json(path)
+    metrics = data.get("metrics") if isinstance(data, dict) else None
+    if not isinstance(metrics, dict):
+        raise InputError(
+            f"{path}: no 'metrics' object (compare reads the --results files of fit/validate/test)"
+        )
+    for k, v in metrics.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise InputError(f"{path}: metrics.{k} is {v!r}, not a number")
+    return metrics
 
 
 def _corpus(argv: list[str]) -> None:
@@ -604,12 +680,15 @@ COMMANDS = {
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
     command = argv[0] if argv else ""
-    if command in COMMANDS:
-        COMMANDS[command](argv[1:])
-    elif command in ("validate", "test") and "--drafters" in argv:
-        validate_many(argv)
-    else:
-        run_lightning(argv)
+    try:
+        if command in COMMANDS:
+            COMMANDS[command](argv[1:])
+        elif command in ("validate", "test") and "--drafters" in argv:
+            validate_many(argv)
+        else:
+            run_lightning(argv)
+    except InputError as e:  # the message names the flag, file and line or field: no traceback
+        sys.exit(f"spec-drafters: error: {e}")
 
 
 if __name__ == "__main__":

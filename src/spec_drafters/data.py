@@ -17,6 +17,8 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, DistributedSampler
 
+from spec_drafters.errors import InputError
+
 
 def iter_jsonl(path: str | Path, flag: str = "--data.path"):
     """(line number, parsed value) for every non-empty line of a .jsonl or .jsonl.gz file.
@@ -29,14 +31,24 @@ def iter_jsonl(path: str | Path, flag: str = "--data.path"):
             f"{flag}: no file {path} (run from the repository root, or give an absolute path)"
         )
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as fh:
-        for lineno, line in enumerate(fh, 1):
+    with opener(path, "rb") as fh:  # bytes, decoded line by line: a bad byte names its line
+        for lineno, raw in enumerate(fh, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise InputError(
+                    f"{path}:{lineno}: not UTF-8 text (byte {e.start} of the line: {raw[e.start : e.end]!r})"
+                ) from None
             if not line.strip():
                 continue
             try:
                 yield lineno, json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+                raise InputError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
+
+
+#: The text fields of a training record; each must be a string when present.
+TEXT_FIELDS = ("text", "prompt", "response")
 
 
 def read_jsonl(path: str | Path) -> list[tuple[int, dict]]:
@@ -44,7 +56,10 @@ def read_jsonl(path: str | Path) -> list[tuple[int, dict]]:
     records = []
     for lineno, rec in iter_jsonl(path):
         if not isinstance(rec, dict) or not ({"text"} <= rec.keys() or {"prompt", "response"} <= rec.keys()):
-            raise ValueError(f"{path}:{lineno}: a record needs 'text' or both 'prompt' and 'response'")
+            raise InputError(f"{path}:{lineno}: a record needs 'text' or both 'prompt' and 'response'")
+        for key in TEXT_FIELDS:
+            if key in rec and not isinstance(rec[key], str):
+                raise InputError(f"{path}:{lineno}: '{key}' must be a string, got {type(rec[key]).__name__}")
         records.append((lineno, rec))
     return records
 
@@ -171,7 +186,7 @@ class TextDataModule(pl.LightningDataModule):
         records = read_jsonl(self.path)
         for lineno, rec in records:
             if rec.get("split") not in ("train", "val"):
-                raise ValueError(
+                raise InputError(
                     f"{self.path}:{lineno}: 'split' must be 'train' or 'val' when --data.val_path is unset"
                 )
         return [r for r in records if r[1]["split"] == "train"], [
@@ -208,18 +223,13 @@ class TextDataModule(pl.LightningDataModule):
             return
         module = self.trainer.lightning_module
         self.train, self.val = self.examples(module.tokenizer)
-        if self.cache:
-            from spec_drafters.cache import CachedRecords
-            from spec_drafters.registry import name_of
+        if self.cache:  # the records are tokenized all the same: the cache must have been built from them
+            from spec_drafters.cache import CachedRecords, run_meta
 
-            expect = {
-                "target": module.card.name,
-                "fc_ids": module.fc_ids,
-                "label_source": name_of(module.target_source),
-            }
+            expect = run_meta(module, self, self.train)
             if module.loss_fn.needs_distribution:  # soft losses read the cached label hidden state
                 expect["label_hidden"] = True
-            self.train = CachedRecords(self.cache, expect)
+            self.train = CachedRecords(self.cache, expect, examples=self.train)
             rank_zero_info(f"train: {len(self.train)} cached records from {self.cache}")
 
     def train_dataloader(self) -> DataLoader:

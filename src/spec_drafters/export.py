@@ -23,9 +23,11 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from spec_drafters.drafter import DFlashDrafter, DrafterConfig
+from spec_drafters.errors import InputError, read_json
 
 LAYOUTS = ("spec_drafters", "zlab", "speculators")
 #: Weights a speculators checkpoint copies from its verifier (target); not the drafter's.
@@ -181,7 +183,7 @@ def detect_layout(config: dict) -> str:
         return "speculators"
     if "dflash_config" in config or "block_size" in config:
         return "zlab"
-    raise ValueError("config.json is neither a spec_drafters, z-lab nor speculators DFlash drafter")
+    raise ValueError("neither a spec_drafters, z-lab nor speculators DFlash drafter config")
 
 
 def _drafter_config(qwen: dict, block_size: int, mask_token_id: int, n_fc: int, causal: list[int]):
@@ -208,14 +210,44 @@ def _drafter_config(qwen: dict, block_size: int, mask_token_id: int, n_fc: int, 
     return cfg
 
 
+def read_config_json(file: Path) -> dict:
+    """A drafter folder's config.json; malformed JSON names the file and line."""
+    config = read_json(file)
+    if not isinstance(config, dict):
+        raise InputError(f"{file}: the top level must be an object, got a {type(config).__name__}")
+    return config
+
+
+def read_weights(file: Path) -> dict[str, torch.Tensor]:
+    """A model.safetensors; a truncated or foreign file names the file (not the library's words only)."""
+    try:
+        return load_file(str(file))
+    except SafetensorError as e:
+        raise InputError(
+            f"{file}: not a readable safetensors file ({e}); truncated or not fully copied?"
+        ) from None
+
+
 def read_folder(path: str | Path, num_target_layers: int | None = None) -> DrafterFolder:
     """Reads any of the three layouts. ``num_target_layers`` is needed only for speculators folders."""
     path = Path(path)
     if not (path / "config.json").is_file() or not (path / "model.safetensors").is_file():
-        raise FileNotFoundError(f"{path}: a drafter folder holds config.json and model.safetensors")
-    config = json.loads((path / "config.json").read_text())
-    layout = detect_layout(config)
-    weights = load_file(str(path / "model.safetensors"))
+        raise InputError(f"{path}: a drafter folder holds config.json and model.safetensors")
+    config = read_config_json(path / "config.json")
+    try:
+        layout = detect_layout(config)
+    except ValueError as e:
+        raise InputError(f"{path / 'config.json'}: {e}") from None
+    weights = read_weights(path / "model.safetensors")
+    try:
+        return _parse_folder(path, config, layout, weights, num_target_layers)
+    except KeyError as e:  # a field its layout needs is absent
+        raise InputError(f"{path / 'config.json'}: no field {e} (needed by the {layout} layout)") from None
+
+
+def _parse_folder(
+    path: Path, config: dict, layout: str, weights: dict, num_target_layers: int | None
+) -> DrafterFolder:
     aux = {k[len(AUX_PREFIX) :]: v for k, v in weights.items() if k.startswith(AUX_PREFIX)}
     state = {k: v for k, v in weights.items() if not k.startswith(AUX_PREFIX)}
     meta: dict = {}
@@ -247,8 +279,9 @@ def read_folder(path: str | Path, num_target_layers: int | None = None) -> Draft
         )
         layers = num_target_layers or int(config.get("num_target_layers") or 0)
         if not layers and num_target_layers != 0:  # 0: the caller accepts an unknown depth
-            raise ValueError(
-                f"{path}: a speculators config does not say the target's depth; pass num_target_layers"
+            raise InputError(
+                f"{path}: a speculators config does not say the target's depth; pass num_target_layers "
+                "(export: --num_target_layers)"
             )
         vocab = int(qwen["vocab_size"])
         d2t = state.get("d2t")

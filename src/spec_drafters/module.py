@@ -199,9 +199,13 @@ class DFlashModule(pl.LightningModule):
         )
 
     def _load_folder(self, path: str) -> None:
+        from spec_drafters.errors import InputError
         from spec_drafters.export import read_folder
 
-        folder = read_folder(path, num_target_layers=self.target.num_layers)
+        try:
+            folder = read_folder(path, num_target_layers=self.target.num_layers)
+        except InputError as e:  # the file and line or field are in e; say which flag gave the folder
+            raise InputError(f"--model.init_from: {e}") from None
         if folder.fc_ids != self.fc_ids:
             raise ValueError(
                 f"--model.init_from {path}: its fc reads target layers {folder.fc_ids}, this config's "

@@ -49,11 +49,12 @@ class JsonlPrompts(PromptSet):
 
     def prompts(self) -> list[str]:
         from spec_drafters.data import iter_jsonl
+        from spec_drafters.errors import InputError
 
         out = []
         for lineno, record in iter_jsonl(self.path, flag="prompts file"):
             text = record.get("prompt", record.get("text")) if isinstance(record, dict) else None
             if not isinstance(text, str):
-                raise ValueError(f"{self.path}:{lineno}: a prompt record needs a 'prompt' or 'text' string")
+                raise InputError(f"{self.path}:{lineno}: a prompt record needs a 'prompt' or 'text' string")
             out.append(text)
         return out[: self.limit] if self.limit is not None else out

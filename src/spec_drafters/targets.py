@@ -15,6 +15,7 @@ import contextlib
 import fcntl
 import hashlib
 import importlib.util
+import json
 import os
 import shutil
 import tempfile
@@ -90,6 +91,17 @@ class TextTokenizer:
     def decode(self, ids: list[int]) -> str:
         return self.hf.decode(ids, skip_special_tokens=False)
 
+    def identity(self) -> dict:
+        """Class, size and a hash of every (token, id) pair: two tokenizers that could tokenize a text
+        differently differ here (an offline cache records it). Not the folder: the same tokenizer may
+        live anywhere."""
+        vocab = json.dumps(sorted(self.hf.get_vocab().items()), ensure_ascii=False)
+        return {
+            "name": type(self.hf).__name__,
+            "vocab_size": len(self.hf),
+            "vocab_sha256": hashlib.sha256(vocab.encode()).hexdigest(),
+        }
+
 
 class ByteTokenizer:
     """UTF-8 bytes as ids 0..255, then BOS 256, EOS 257, MASK 258 (for the tiny test targets)."""
@@ -102,6 +114,9 @@ class ByteTokenizer:
 
     def decode(self, ids: list[int]) -> str:
         return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+    def identity(self) -> dict:  # fixed by the class: its name and size say everything
+        return {"name": type(self).__name__, "vocab_size": self.vocab_size}
 
 
 @dataclass

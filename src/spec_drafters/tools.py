@@ -8,13 +8,15 @@
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 import yaml
+
+from spec_drafters.errors import InputError
+from spec_drafters.export import read_config_json, read_weights
 
 # --- reading any drafter artefact ------------------------------------------------------------------
 
@@ -27,13 +29,15 @@ def _weights(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
         weights |= {"aux." + k: v for k, v in module.loss_fn.state_dict().items()}
         return weights, {"spec_drafters": module.describe(), "source": "config (built, not trained)"}
     if path.is_dir():
-        from safetensors.torch import load_file
-
-        weights = load_file(str(path / "model.safetensors")) if (path / "model.safetensors").is_file() else {}
+        if not (path / "model.safetensors").is_file():
+            raise InputError(f"{path}: no model.safetensors")
+        weights = read_weights(path / "model.safetensors")
         if not weights:
-            raise FileNotFoundError(f"{path}: no model.safetensors")
-        config = json.loads((path / "config.json").read_text()) if (path / "config.json").is_file() else {}
+            raise InputError(f"{path / 'model.safetensors'}: holds no tensors")
+        config = read_config_json(path / "config.json") if (path / "config.json").is_file() else {}
         return weights, config
+    if not path.is_file():
+        raise InputError(f"{path}: no such file or folder")
     ckpt = torch.load(path, weights_only=True, map_location="cpu")
     if "state_dict" not in ckpt:
         raise ValueError(f"{path}: neither a drafter folder nor a Lightning checkpoint")
@@ -196,10 +200,10 @@ def _flatten(prefix: str, value, out: dict) -> None:
 
 def _module_from_config(path: str):
     """The instantiated module of a config file (large targets on the meta device)."""
-    from spec_drafters.cli import check_argv_components, load_module
+    from spec_drafters.cli import check_argv_components, load_module, read_config
 
     args = ["--config", path]
-    cfg = yaml.safe_load(Path(path).read_text()) or {}
+    cfg = read_config(path)
     target = ((cfg.get("model") or {}).get("target") or {}).get("class_path", "")
     if target.endswith("HFPretrained"):
         args.append("--model.target.init_args.meta=true")
@@ -248,7 +252,7 @@ def choices(path: str | Path) -> dict:
 
 
 def _has_depth(path: Path) -> bool:
-    config = json.loads((path / "config.json").read_text()) if (path / "config.json").is_file() else {}
+    config = read_config_json(path / "config.json") if (path / "config.json").is_file() else {}
     return config.get("speculators_model_type") != "dflash" or "num_target_layers" in config
 
 
@@ -265,11 +269,33 @@ def diff(a: str | Path, b: str | Path, everything: bool = False) -> list[tuple[s
 def format_diff(a, b, rows) -> str:
     if not rows:
         return f"no differences between {a} and {b}"
+    la, lb = distinct_labels([Path(a), Path(b)])
     width = max(len(r[0]) for r in rows)
-    va = max(12, *(len(str(r[1])) for r in rows))
-    lines = [f"{'choice':<{width}}  {Path(a).name!s:<{va}}  {Path(b).name}"]
+    va = max(12, len(la), *(len(str(r[1])) for r in rows))
+    lines = [f"{'choice':<{width}}  {la:<{va}}  {lb}"]
     lines += [f"{k:<{width}}  {x!s:<{va}}  {y}" for k, x, y in rows]
-    return "\n".join(lines)
+    return "\n".join([*lines, legend([la, lb], [a, b])])
+
+
+def distinct_labels(paths: list[Path]) -> list[str]:
+    """Column labels: each path's shortest tail that no other path ends with (``a/last.ckpt`` and
+    ``b/last.ckpt`` where names alone would be ``last.ckpt`` twice); the same path twice gets ``#2``."""
+    parts = [p.parts for p in paths]
+    labels = []
+    for own in parts:
+        others = [q for q in parts if q != own]  # the same path again is numbered below instead
+        n = next((n for n in range(1, len(own)) if all(q[-n:] != own[-n:] for q in others)), len(own))
+        labels.append(str(Path(*own[-n:])))
+    seen: dict[str, int] = {}
+    for i, label in enumerate(labels):
+        seen[label] = seen.get(label, 0) + 1
+        labels[i] = label if seen[label] == 1 else f"{label}#{seen[label]}"
+    return labels
+
+
+def legend(labels: list[str], paths: list) -> str:
+    """One line saying which file each column is."""
+    return "columns: " + ", ".join(f"{label} = {path}" for label, path in zip(labels, paths, strict=True))
 
 
 # --- lint --------------------------------------------------------------------------------------------
