@@ -9,7 +9,7 @@ RUN ?= runs/quickstart
 CONFIG ?= configs/quickstart.yaml
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo verifiers bench test lint clean
+.PHONY: setup demo verifiers bench test lint clean reference
 
 setup: $(STAMP)
 
@@ -45,6 +45,31 @@ bench: $(STAMP)
 	bash benchmarks/peer_setup.sh
 	cd benchmarks && ../$(BIN)/python training_step.py
 	-cd benchmarks && ../$(BIN)/python end_to_end.py
+
+# The reference drafter (configs/reference_smollm2.yaml) as resumable stages: run again, it continues.
+# 1. answers: every stdlib docstring answered by the target; parts land in data/reference/answers
+#    (committed, so a fresh clone continues generation where the last machine stopped);
+# 2. source: the stdlib's real source in windows (teacher-forced labels, no generation);
+# 3. the training file; 4. token counts for the draft vocabulary; 5. the bf16 feature cache;
+# 6. training, resumed from the last checkpoint; 7. the best held-out checkpoint exported in bf16.
+REF ?= runs/reference
+REF_CONFIG ?= configs/reference_smollm2.yaml
+REF_ANSWERS ?= data/reference/answers
+REF_SOURCE_RECORDS ?= 0
+REF_THREADS ?= 2
+REF_DRAFTER ?= registry/drafters/smollm2-reference
+reference: $(STAMP)
+	nice $(BIN)/spec-drafters reference-corpus --kind answers --out $(REF_ANSWERS) --threads $(REF_THREADS) \
+		--batch_size 48 --part_size 256 --max_new_tokens 128
+	nice $(BIN)/spec-drafters reference-corpus --kind source --out $(REF)/source
+	$(BIN)/spec-drafters reference-corpus mix --answers $(REF_ANSWERS)/corpus.jsonl.gz \
+		--source $(REF)/source/corpus.jsonl.gz --source_records $(REF_SOURCE_RECORDS) --out $(REF)/train.jsonl.gz
+	test -f $(REF)/token_counts.json || $(BIN)/spec-drafters draft-vocab --config $(REF_CONFIG) \
+		--model.draft_vocab FullVocab --out $(REF)/token_counts.json
+	nice $(BIN)/spec-drafters cache --config $(REF_CONFIG) --out $(REF)/cache --dtype bfloat16
+	nice $(BIN)/spec-drafters fit --config $(REF_CONFIG) --data.cache $(REF)/cache \
+		$$(test -f $(REF)/checkpoints/last.ckpt && echo --ckpt_path $(REF)/checkpoints/last.ckpt)
+	$(BIN)/spec-drafters export $(REF)/best/best.ckpt --out $(REF_DRAFTER) --dtype bfloat16
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks

@@ -137,3 +137,7 @@ def test_checkpoint_export_reimport_and_side_by_side_validation(tmp_path, capsys
     for key in ("val/loss", "val/acc", "val/tau"):
         assert results["last"][key] == pytest.approx(results["zlab"][key], rel=1e-6), key
     assert results["untrained"]["val/loss"] > results["last"]["val/loss"]
+    main(["export", ckpt, "--out", str(tmp_path / "bf16"), "--dtype", "bfloat16"])
+    half = read_folder(tmp_path / "bf16")
+    for key, value in ours.state.items():  # each weight cast once, nothing else changed
+        assert half.state[key].dtype == torch.bfloat16 and torch.equal(half.state[key], value.bfloat16()), key

@@ -532,11 +532,20 @@ def export(argv: list[str]) -> None:
     ap.add_argument("--out", required=True, help="the folder to write")
     ap.add_argument("--layout", choices=LAYOUTS, default="spec_drafters")
     ap.add_argument("--num_target_layers", type=int, help="the target's depth (speculators folders omit it)")
+    ap.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16"],
+        help="cast the weights (integer tensors such as a draft vocabulary's ids stay as they are)",
+    )
     args = ap.parse_args(argv)
     src = Path(args.source)
     if not src.exists():
         raise InputError(f"{src}: no such file or folder (export reads a checkpoint or a drafter folder)")
     folder = read_folder(src, args.num_target_layers) if src.is_dir() else folder_from_checkpoint(src)
+    if args.dtype:
+        dtype = getattr(torch, args.dtype)
+        for tensors in (folder.state, folder.aux):
+            tensors.update({k: v.to(dtype) for k, v in tensors.items() if v.is_floating_point()})
     out = write_folder(folder, args.out, args.layout)
     print(f"wrote {out} ({args.layout} layout, {len(folder.state)} drafter tensors)")
 

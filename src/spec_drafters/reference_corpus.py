@@ -140,20 +140,22 @@ def answer_batch(chunk: list[dict], target, max_new_tokens: int) -> list[dict]:
 
 def _write_part(path: Path, records: list[dict]) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as fh:
+    with open(tmp, "wb") as raw, gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) as fh:
         fh.write("".join(json.dumps(r) + "\n" for r in records).encode())
     os.replace(tmp, path)  # atomic: a killed run never leaves a half-written part
 
 
-def _count_lines(path: Path) -> int:
+def _part_ids(path: Path) -> list[str]:
     with gzip.open(path, "rt", encoding="utf-8") as fh:
-        return sum(1 for _ in fh)
+        return [json.loads(line)["id"] for line in fh]
 
 
 def generate_parts(
     items: list[dict], target, out: Path, part_size: int, batch_size: int, max_new_tokens: int
 ) -> None:
-    """Answers ``items`` part by part into ``out``; finished parts (full line count) are kept."""
+    """Answers ``items`` part by part into ``out``. A finished part is kept when it holds exactly the
+    items this run would put there (another Python's standard library gives other items: then the
+    part is answered again, never mixed in)."""
     from tqdm import tqdm
 
     out.mkdir(parents=True, exist_ok=True)
@@ -162,7 +164,7 @@ def generate_parts(
         s
         for s in starts
         if (p := out / f"part-{s // part_size:05d}.jsonl.gz").is_file()
-        and _count_lines(p) == len(items[s : s + part_size])
+        and _part_ids(p) == [it["id"] for it in items[s : s + part_size]]
     }
     bar = tqdm(total=len(items), initial=sum(len(items[s : s + part_size]) for s in done), unit="prompt")
     bar.set_description("answering")
@@ -187,7 +189,7 @@ def assemble(parts: list[Path], out: Path) -> dict:
     digest = hashlib.sha256()
     n = 0
     tmp = out.with_name(out.name + ".tmp")
-    with open(tmp, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as dst:
+    with open(tmp, "wb") as raw, gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) as dst:
         for part in parts:
             with gzip.open(part, "rb") as src:
                 for line in src:
@@ -198,8 +200,43 @@ def assemble(parts: list[Path], out: Path) -> dict:
     return {"records": n, "sha256": digest.hexdigest(), "file": str(out)}
 
 
+def mix(answers: Path, source: Path | None, source_records: int, out: Path) -> dict:
+    """The training file: every answer record (its split kept: validation is held-out answers only)
+    and the first ``source_records`` teacher-forced source windows of the train split."""
+    from spec_drafters.data import iter_jsonl
+
+    records = [rec for _, rec in iter_jsonl(answers, flag="--answers")]
+    windows = []
+    if source is not None and source_records:
+        windows = [r for _, r in iter_jsonl(source, flag="--source") if r["split"] == "train"]
+        windows = windows[:source_records]
+    digest = hashlib.sha256()
+    tmp = out.with_name(out.name + ".tmp")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(tmp, "wb") as raw, gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) as fh:
+        for rec in records + windows:
+            line = (json.dumps(rec) + "\n").encode()
+            digest.update(line)
+            fh.write(line)
+    os.replace(tmp, out)
+    return {"answers": len(records), "source_windows": len(windows), "sha256": digest.hexdigest()}
+
+
 def main(argv: list[str] | None = None) -> None:
     import argparse
+
+    if argv and argv[0] == "mix":
+        ap = argparse.ArgumentParser(
+            prog="spec-drafters reference-corpus mix",
+            description="Join the answers corpus and some source windows into one training file.",
+        )
+        ap.add_argument("--answers", required=True, type=Path)
+        ap.add_argument("--source", type=Path)
+        ap.add_argument("--source_records", type=int, default=0)
+        ap.add_argument("--out", required=True, type=Path)
+        args = ap.parse_args(argv[1:])
+        print(json.dumps(mix(args.answers, args.source, args.source_records, args.out)))
+        return
 
     ap = argparse.ArgumentParser(
         prog="spec-drafters reference-corpus",
@@ -232,7 +269,7 @@ def main(argv: list[str] | None = None) -> None:
 
         target = EmbeddedSmolLM2().load()
         generate_parts(items, target, out, args.part_size, args.batch_size, args.max_new_tokens)
-        parts = sorted(out.glob("part-*.jsonl.gz"))
+        parts = [out / f"part-{i:05d}.jsonl.gz" for i in range(-(-len(items) // args.part_size))]
     else:
         parts = [out / "part-00000.jsonl.gz"]
         _write_part(parts[0], items)
