@@ -5,9 +5,11 @@ import http.server
 import threading
 from pathlib import Path
 
+import lightning.pytorch as pl
 import pytest
 import torch
 
+from conftest import tiny_drafter
 from spec_drafters.cli import load_module, main
 
 TINY = "tests/configs/tiny.yaml"
@@ -150,3 +152,102 @@ def test_a_missing_checkpoint_fails_before_anything_is_loaded_or_created(tmp_pat
              "--ckpt_path", "missing.ckpt"]
         )  # fmt: skip
     assert list(tmp_path.iterdir()) == []
+
+
+# --- prompts longer than the target's context --------------------------------------------------------
+def test_generate_refuses_a_prompt_past_the_context_before_decoding(ckpt):
+    too_long = "x" * 4090  # byte tokens; the tiny target's context is 4096
+    with pytest.raises(SystemExit, match=r"prompt 1 has 4090 tokens, \+ max_new_tokens 12 = 4102, more than"):
+        main(
+            ["generate", "--config", TINY, "--ckpt_path", str(ckpt), "--prompt", "def f():",
+             "--prompt", too_long, "--max_new_tokens", "12"]
+        )  # fmt: skip
+
+
+def test_the_decoding_callback_checks_every_prompt_before_decoding_any(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from lightning.pytorch.trainer.states import TrainerFn
+
+    from spec_drafters.callbacks import SpeculativeDecodingEval
+    from spec_drafters.prompts import JsonlPrompts
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "def f():"}\n' + f'{{"prompt": "{"y" * 4095}"}}\n')
+    module = load_module(["--config", TINY], quiet=True)
+    decoded = []
+    monkeypatch.setattr(module, "greedy", lambda prompt, n: decoded.append(prompt))
+    trainer = SimpleNamespace(
+        sanity_checking=False, state=SimpleNamespace(fn=TrainerFn.VALIDATING), world_size=1
+    )
+    callback = SpeculativeDecodingEval(prompts=JsonlPrompts(str(prompts)), max_new_tokens=8)
+    with pytest.raises(
+        ValueError, match=r"SpeculativeDecodingEval: prompt 1 has 4095 tokens.*context of 4096"
+    ):
+        callback.on_validation_epoch_end(trainer, module)
+    assert decoded == []
+
+
+def test_greedy_and_speculative_decoding_refuse_to_run_past_the_context(qwen3_target):
+    from spec_drafters.decoding import greedy_generate, speculative_generate
+    from spec_drafters.verifiers import GreedyChain
+
+    prompt = [5] * 4000
+    with pytest.raises(ValueError, match=r"the prompt has 4000 tokens, \+ max_new_tokens 100 = 4100"):
+        greedy_generate(qwen3_target, prompt, 100, [])
+    drafter = tiny_drafter(qwen3_target)
+    with pytest.raises(ValueError, match=r"context of 4096 tokens \(max_position_embeddings\)"):
+        speculative_generate(qwen3_target, drafter, [1, 2, 3], GreedyChain(), prompt, 100, [])
+
+
+# --- small texts -------------------------------------------------------------------------------------
+def test_registry_lists_unannotated_parameters_by_name_alone(capsys):
+    from spec_drafters.registry import Entry
+
+    class Plain:
+        def __init__(self, a, b=2, c: int = 3):
+            pass
+
+    assert Entry("loss", "plain", Plain).parameters() == ["a", "b = 2", "c: int = 3"]
+    main(["registry"])
+    assert "_empty" not in capsys.readouterr().out
+
+
+def test_validate_keeps_fits_config_yaml_and_writes_its_own(ckpt):
+    run = ckpt.parent  # fit wrote its config.yaml here (logger false: the default root is the log dir)
+    fit_config = (run / "config.yaml").read_text()
+    assert "val_anchors: 16" in fit_config
+    main(
+        ["validate", "--config", TINY, "--ckpt_path", str(ckpt), "--trainer.default_root_dir", str(run),
+         "--trainer.limit_val_batches", "1", "--model.val_anchors", "8"]
+    )  # fmt: skip
+    assert (run / "config.yaml").read_text() == fit_config
+    assert "val_anchors: 8" in (run / "config_validate.yaml").read_text()
+
+
+seen_epoch_texts: list[str] = []
+
+
+class RecordEpochDescription(pl.Callback):
+    """Keeps the progress bar's epoch text at the start of every training epoch (in seen_epoch_texts)."""
+
+    def on_train_epoch_start(self, trainer, module):
+        bar = trainer.progress_bar_callback
+        seen_epoch_texts.append(bar._get_train_description(trainer.current_epoch).strip())
+
+
+@pytest.mark.parametrize(
+    ("limits", "descriptions"),
+    [
+        (["--trainer.max_steps", "2"], ["Epoch 0", "Epoch 1"]),  # Lightning's bar: "Epoch 0/-2"
+        (["--trainer.max_steps", "-1", "--trainer.max_epochs", "2"], ["Epoch 0/1", "Epoch 1/1"]),
+    ],
+)
+def test_the_progress_bar_shows_an_epoch_total_only_when_epochs_bound_the_run(tmp_path, limits, descriptions):
+    seen_epoch_texts.clear()
+    main(
+        ["fit", "--config", TINY, "--trainer.enable_progress_bar", "true", "--data.max_train_records", "4",
+         "--trainer.default_root_dir", str(tmp_path),
+         "--trainer.callbacks+=test_trust_b.RecordEpochDescription", *limits]
+    )  # fmt: skip
+    assert seen_epoch_texts == descriptions

@@ -30,8 +30,10 @@ from pathlib import Path
 import torch
 import yaml
 from jsonargparse import lazy_instance
+from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities.imports import _RICH_AVAILABLE
 
 from spec_drafters.registry import (
     KINDS,
@@ -293,7 +295,28 @@ class SpecDraftersCLI(LightningCLI):
         Path(path).write_text(json.dumps(payload, indent=2) + "\n")
         print(f"results written to {path}")
 
+    def _default_progress_bar(self) -> list | None:
+        """The configured callbacks plus RunProgressBar where Lightning would add its default rich
+        bar (progress bar enabled, none configured); None where it would add none."""
+        from spec_drafters.callbacks import RunProgressBar
+
+        trainer_args = self._get(self.config_init, "trainer", default={})
+        callbacks = trainer_args.get("callbacks") or []
+        callbacks = callbacks if isinstance(callbacks, list) else [callbacks]
+        if not _RICH_AVAILABLE or trainer_args.get("enable_progress_bar") is False:
+            return None
+        if any(isinstance(c, ProgressBar) for c in callbacks):
+            return None
+        return [*callbacks, RunProgressBar()]
+
     def instantiate_trainer(self, **kwargs):
+        if self.subcommand not in (None, "fit"):
+            # fit's config.yaml stays the run's recipe when a validate or test run shares its folder.
+            name = f"config_{self.subcommand}.yaml"
+            self.save_config_kwargs = {**self.save_config_kwargs, "config_filename": name}
+        callbacks = self._default_progress_bar()
+        if callbacks is not None and "callbacks" not in kwargs:
+            kwargs["callbacks"] = callbacks
         trainer = super().instantiate_trainer(**kwargs)
         for logger in trainer.loggers:
             if isinstance(logger, RunAimLogger):
@@ -423,6 +446,7 @@ def generate(argv: list[str]) -> None:
     """``spec-drafters generate``: prompts through the target with the drafter and a chosen verifier."""
     import argparse
 
+    from spec_drafters.decoding import check_fits
     from spec_drafters.prompts import HumanEvalPrompts, JsonlPrompts
 
     ap = argparse.ArgumentParser(
@@ -451,9 +475,14 @@ def generate(argv: list[str]) -> None:
     )
     module = load_module(rest)
     verifier = name_of(module.verifier)
+    prompts = [module.tokenizer.encode(text) for text in texts]
+    for i, prompt in enumerate(prompts):  # all of them before decoding any
+        try:
+            check_fits(module.target, len(prompt), args.max_new_tokens, f"prompt {i}")
+        except ValueError as e:
+            sys.exit(f"spec-drafters generate: error: {e} (--max_new_tokens)")
     rows = []
-    for i, text in enumerate(texts):
-        prompt = module.tokenizer.encode(text)
+    for i, prompt in enumerate(prompts):
         spec = module.speculate(prompt, args.max_new_tokens)
         row = {
             "prompt": i,
