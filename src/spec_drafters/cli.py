@@ -210,7 +210,8 @@ def _target_identity(target) -> str | None:
     cls = _resolve_class(target.class_path)
     if cls.identity is TargetLoader.identity:  # a loader that only knows once loaded: no early check
         return None
-    return cls(**(target.get("init_args") or {})).identity()
+    init_args = target.get("init_args")
+    return cls(**(init_args.as_dict() if init_args else {})).identity()
 
 
 class SpecDraftersCLI(LightningCLI):
@@ -225,7 +226,10 @@ class SpecDraftersCLI(LightningCLI):
 
     def parse_arguments(self, parser, args) -> None:
         # Kept to tell which flags the user gave when a checkpoint overrides them (_parse_ckpt_path).
-        self.argv = sys.argv[1:] if args is None else list(args) if isinstance(args, (list, tuple)) else []
+        if args is None:
+            self.argv = sys.argv[1:]
+        else:  # a dict or Namespace of arguments names no flags
+            self.argv = list(args) if isinstance(args, (list, tuple)) else []
         super().parse_arguments(parser, args)
 
     def _prepare_subcommand_kwargs(self, subcommand: str) -> dict:
@@ -259,7 +263,7 @@ class SpecDraftersCLI(LightningCLI):
             return
         before = self.config[sub].clone()
         self.config = self.parser.parse_object({sub: {"model": hparams}}, self.config)
-        for key in _model_flags(getattr(self, "argv", [])):
+        for key in _model_flags(self.argv):
             given, used = before.get(f"model.{key}"), self.config[sub].get(f"model.{key}")
             if given != used:
                 rank_zero_warn(
@@ -480,7 +484,7 @@ def generate(argv: list[str]) -> None:
         try:
             check_fits(module.target, len(prompt), args.max_new_tokens, f"prompt {i}")
         except ValueError as e:
-            sys.exit(f"spec-drafters generate: error: {e} (--max_new_tokens)")
+            sys.exit(f"spec-drafters generate: error: {e}")
     rows = []
     for i, prompt in enumerate(prompts):
         spec = module.speculate(prompt, args.max_new_tokens)
