@@ -29,11 +29,15 @@ def _fit(root, *extra):
 
 
 def _losses(root) -> dict[int, float]:
+    return {step: loss for step, (_, loss) in _epochs_and_losses(root).items()}
+
+
+def _epochs_and_losses(root) -> dict[int, tuple[int, float]]:
     out = {}
     for metrics in root.rglob("metrics.csv"):
         for row in csv.DictReader(metrics.open()):
             if row.get("train/loss"):
-                out[int(row["step"])] = float(row["train/loss"])
+                out[int(row["step"])] = (int(row["epoch"]), float(row["train/loss"]))
     return out
 
 
@@ -46,6 +50,21 @@ def test_resumed_run_matches_the_uninterrupted_one(tmp_path):
     full, resumed = _losses(tmp_path / "full"), _losses(tmp_path / "cut")
     assert sorted(full) == sorted(resumed) == list(range(14))  # crosses into the second epoch
     for step in range(14):
+        assert resumed[step] == full[step], (step, resumed[step], full[step])
+
+
+def test_resume_from_the_last_batch_of_an_epoch_starts_the_next_epoch(tmp_path):
+    # 3 batches per epoch; the last checkpoint before the cut is at step 6, the last batch of epoch 1.
+    # Lightning finishes that epoch on restore: the next epoch must be 2, read from its first batch.
+    small = ["--data.max_train_records", "6", "--trainer.max_steps", "10"]
+    _fit(tmp_path / "full", *small)
+    _fit(tmp_path / "cut", *small, "--trainer.callbacks+=test_resume.StopAt", "--trainer.callbacks.step", "6")
+    assert max(_losses(tmp_path / "cut")) == 5
+    _fit(tmp_path / "cut", *small, "--ckpt_path", str(tmp_path / "cut" / "ckpt" / "last.ckpt"))
+    full, resumed = _epochs_and_losses(tmp_path / "full"), _epochs_and_losses(tmp_path / "cut")
+    assert sorted(full) == sorted(resumed) == list(range(10))
+    assert [full[s][0] for s in range(10)] == [0, 0, 0, 1, 1, 1, 2, 2, 2, 3]
+    for step in range(10):
         assert resumed[step] == full[step], (step, resumed[step], full[step])
 
 

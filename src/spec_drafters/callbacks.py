@@ -19,10 +19,11 @@ from pathlib import Path
 import lightning.pytorch as pl
 import torch
 from jsonargparse import lazy_instance
+from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from spec_drafters.decoding import DecodeResult, speculative_generate
+from spec_drafters.decoding import DecodeResult, check_fits, speculative_generate
 from spec_drafters.prompts import HumanEvalPrompts, PromptSet
 from spec_drafters.registry import name_of
 from spec_drafters.verifiers import Verifier
@@ -121,9 +122,11 @@ class SpeculativeDecodingEval(pl.Callback):
             rank_zero_warn("SpeculativeDecodingEval: skipped with more than one process (sharded drafter)")
             return
         decoders = self._decoders(module)
+        prompts = [module.tokenizer.encode(text) for text in self.prompts.prompts()]
+        for i, prompt in enumerate(prompts):  # all of them before decoding any
+            check_fits(module.target, len(prompt), self.max_new_tokens, f"{type(self).__name__}: prompt {i}")
         rows = []
-        for i, text in enumerate(self.prompts.prompts()):
-            prompt = module.tokenizer.encode(text)
+        for i, prompt in enumerate(prompts):
             plain = module.greedy(prompt, self.max_new_tokens)
             row = {"prompt": i, "prompt_tokens": len(prompt), "greedy_tokens": len(plain.tokens)}
             row["greedy_tokens_per_s"] = plain.tokens_per_s
@@ -214,3 +217,16 @@ class TrainingThroughput(pl.Callback):
         self.seconds += time.perf_counter() - self._start
         self.tokens += int(batch["attention_mask"].sum()) * trainer.world_size
         module.log("train/tokens_per_s", self.tokens / self.seconds, rank_zero_only=True)
+
+
+class RunProgressBar(RichProgressBar):
+    """Lightning's rich progress bar (the default when ``rich`` is installed), whose epoch reads
+    "Epoch 3" on a run bounded by ``max_steps`` instead of "Epoch 3/-2" (``max_epochs`` -1, minus one).
+    The total shows when ``max_epochs`` bounds the run."""
+
+    def _get_train_description(self, current_epoch: int) -> str:
+        text = f"Epoch {current_epoch}"
+        max_epochs = self.trainer.max_epochs
+        if max_epochs is not None and max_epochs > 0:
+            text += f"/{max_epochs - 1}"
+        return f"{text:{len(self.validation_description)}}"  # padded like Lightning's: no flicker

@@ -21,6 +21,7 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
+import pickle
 import sys
 import typing
 import warnings
@@ -29,7 +30,10 @@ from pathlib import Path
 import torch
 import yaml
 from jsonargparse import lazy_instance
+from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.utilities import rank_zero_warn
+from lightning.pytorch.utilities.imports import _RICH_AVAILABLE
 
 from spec_drafters.errors import InputError
 from spec_drafters.registry import (
@@ -210,22 +214,107 @@ RUN_TIME_ARGS = (
 )
 
 
+#: ``--ckpt_path`` values that Lightning resolves itself (they name no file).
+CKPT_KEYWORDS = ("best", "last", "hpc", "registry")
+
+
+def read_checkpoint(path: str) -> dict:
+    """A local checkpoint, unpickled as plain data only (``weights_only``): loading a checkpoint
+    never runs code from it. Remote paths are refused: Lightning unpickles URLs in full."""
+    if "://" in str(path):
+        sys.exit(
+            f"spec-drafters: error: --ckpt_path {path}: remote checkpoints are not loaded (a pickle can "
+            "run code); download it and pass the local file"
+        )
+    if not Path(path).is_file():
+        sys.exit(f"spec-drafters: error: --ckpt_path {path}: no such file")
+    try:
+        return torch.load(path, weights_only=True, map_location="cpu")
+    except pickle.UnpicklingError as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        sys.exit(
+            f"spec-drafters: error: --ckpt_path {path}: refused, it holds more than plain data (tensors, "
+            f"numbers, strings, containers) and unpickling it could run code ({first})"
+        )
+    except (RuntimeError, EOFError) as e:
+        sys.exit(f"spec-drafters: error: --ckpt_path {path}: not a readable checkpoint ({e})")
+
+
+def _model_flags(argv: list[str]) -> list[str]:
+    """The model arguments set on the command line, as dotted keys (``drafter.block_size``)."""
+    flags = [a.split("=", 1)[0].rstrip("+") for a in argv if a.startswith("--model.")]
+    return [f[len("--model.") :] for f in flags]
+
+
+def _target_identity(target) -> str | None:
+    """The card name the configured target will load, when its loader knows it without loading."""
+    from spec_drafters.targets import TargetLoader
+
+    if target is None or not hasattr(target, "class_path"):
+        return None
+    cls = _resolve_class(target.class_path)
+    if cls.identity is TargetLoader.identity:  # a loader that only knows once loaded: no early check
+        return None
+    init_args = target.get("init_args")
+    return cls(**(init_args.as_dict() if init_args else {})).identity()
+
+
 class SpecDraftersCLI(LightningCLI):
     @staticmethod
     def subcommands() -> dict[str, set[str]]:
-        return {k: v for k, v in LightningCLI.subcommands().items() if k in ("fit", "validate", "test")}
+        # No --weights_only flag: every checkpoint is loaded as plain data (_prepare_subcommand_kwargs).
+        return {
+            k: v | {"weights_only"}
+            for k, v in LightningCLI.subcommands().items()
+            if k in ("fit", "validate", "test")
+        }
+
+    def parse_arguments(self, parser, args) -> None:
+        # Kept to tell which flags the user gave when a checkpoint overrides them (_parse_ckpt_path).
+        if args is None:
+            self.argv = sys.argv[1:]
+        else:  # a dict or Namespace of arguments names no flags
+            self.argv = list(args) if isinstance(args, (list, tuple)) else []
+        super().parse_arguments(parser, args)
+
+    def _prepare_subcommand_kwargs(self, subcommand: str) -> dict:
+        # Lightning's own default unpickles remote checkpoints in full (weights_only=False for URLs);
+        # ours hold plain types only (DFlashModule's hyperparameters are plain dicts).
+        return {**super()._prepare_subcommand_kwargs(subcommand), "weights_only": True}
 
     def _parse_ckpt_path(self) -> None:
         """With ``--ckpt_path``, LightningCLI replaces the model arguments by the checkpoint's, which
-        would silently ignore ``validate --model.verifier DDTree``. Keep this run's RUN_TIME_ARGS."""
+        would silently ignore ``validate --model.verifier DDTree``. Keep this run's RUN_TIME_ARGS.
+
+        Before anything is built: the file must exist and be plain data, and the checkpoint's target
+        must be this run's (otherwise its drafter settings would fail against the wrong target first,
+        e.g. as a bad ``num_taps``). A command-line flag the checkpoint overrides is warned about.
+        """
         sub = self.config.get("subcommand")
         ckpt_path = self.config[sub].get("ckpt_path") if sub else None
-        if not ckpt_path or not Path(ckpt_path).is_file():
+        if not ckpt_path or str(ckpt_path) in CKPT_KEYWORDS:
             return
-        hparams = torch.load(ckpt_path, weights_only=True, map_location="cpu").get("hyper_parameters", {})
+        ckpt = read_checkpoint(ckpt_path)
+        saved = ckpt.get("spec_drafters", {}).get("target", {}).get("name")
+        mine = _target_identity(self.config[sub].get("model.target"))
+        if saved and mine and saved != mine:
+            raise ValueError(
+                f"--ckpt_path {ckpt_path}: the checkpoint was trained for target {saved!r}, "
+                f"--model.target loads {mine!r}"
+            )
+        hparams = ckpt.get("hyper_parameters", {})
         hparams = {k: v for k, v in hparams.items() if k not in RUN_TIME_ARGS and not k.startswith("_")}
-        if hparams:
-            self.config = self.parser.parse_object({sub: {"model": hparams}}, self.config)
+        if not hparams:
+            return
+        before = self.config[sub].clone()
+        self.config = self.parser.parse_object({sub: {"model": hparams}}, self.config)
+        for key in _model_flags(self.argv):
+            given, used = before.get(f"model.{key}"), self.config[sub].get(f"model.{key}")
+            if given != used:
+                rank_zero_warn(
+                    f"--model.{key} {_shown(given)} is overridden by the checkpoint's {_shown(used)} "
+                    f"(--ckpt_path {ckpt_path}): a checkpoint keeps the drafter it was trained as"
+                )
 
     def add_arguments_to_parser(self, parser) -> None:
         # Aim by default, its repository in the run folder; --trainer.logger CSVLogger or
@@ -255,7 +344,28 @@ class SpecDraftersCLI(LightningCLI):
         Path(path).write_text(json.dumps(payload, indent=2) + "\n")
         print(f"results written to {path}")
 
+    def _default_progress_bar(self) -> list | None:
+        """The configured callbacks plus RunProgressBar where Lightning would add its default rich
+        bar (progress bar enabled, none configured); None where it would add none."""
+        from spec_drafters.callbacks import RunProgressBar
+
+        trainer_args = self._get(self.config_init, "trainer", default={})
+        callbacks = trainer_args.get("callbacks") or []
+        callbacks = callbacks if isinstance(callbacks, list) else [callbacks]
+        if not _RICH_AVAILABLE or trainer_args.get("enable_progress_bar") is False:
+            return None
+        if any(isinstance(c, ProgressBar) for c in callbacks):
+            return None
+        return [*callbacks, RunProgressBar()]
+
     def instantiate_trainer(self, **kwargs):
+        if self.subcommand not in (None, "fit"):
+            # fit's config.yaml stays the run's recipe when a validate or test run shares its folder.
+            name = f"config_{self.subcommand}.yaml"
+            self.save_config_kwargs = {**self.save_config_kwargs, "config_filename": name}
+        callbacks = self._default_progress_bar()
+        if callbacks is not None and "callbacks" not in kwargs:
+            kwargs["callbacks"] = callbacks
         trainer = super().instantiate_trainer(**kwargs)
         for logger in trainer.loggers:
             if isinstance(logger, RunAimLogger):
@@ -270,6 +380,13 @@ class SpecDraftersCLI(LightningCLI):
 
     def after_fit(self) -> None:
         self._write_results()
+
+
+def _shown(value) -> str:
+    """A config value as a flag would spell it (class choices by class path)."""
+    if hasattr(value, "class_path"):
+        value = value.as_dict()
+    return json.dumps(value, default=str) if isinstance(value, (dict, list)) else str(value)
 
 
 def validate_many(argv: list[str]) -> None:
@@ -365,7 +482,7 @@ def load_module(argv: list[str], quiet: bool = False, with_data: bool = False):
     module = cli.model
     ckpt_path = cli.config["validate"].get("ckpt_path")
     if ckpt_path:
-        ckpt = torch.load(ckpt_path, weights_only=True, map_location="cpu")
+        ckpt = read_checkpoint(ckpt_path)
         module.on_load_checkpoint(ckpt)  # checks the drafter keys and the target's identity
         module.load_state_dict(ckpt["state_dict"], strict=False)
     elif not quiet and module.hparams.get("init_from") is None:
@@ -378,6 +495,7 @@ def generate(argv: list[str]) -> None:
     """``spec-drafters generate``: prompts through the target with the drafter and a chosen verifier."""
     import argparse
 
+    from spec_drafters.decoding import check_fits
     from spec_drafters.prompts import HumanEvalPrompts, JsonlPrompts
 
     ap = argparse.ArgumentParser(
@@ -406,9 +524,14 @@ def generate(argv: list[str]) -> None:
     )
     module = load_module(rest)
     verifier = name_of(module.verifier)
+    prompts = [module.tokenizer.encode(text) for text in texts]
+    for i, prompt in enumerate(prompts):  # all of them before decoding any
+        try:
+            check_fits(module.target, len(prompt), args.max_new_tokens, f"prompt {i}")
+        except ValueError as e:
+            sys.exit(f"spec-drafters generate: error: {e}")
     rows = []
-    for i, text in enumerate(texts):
-        prompt = module.tokenizer.encode(text)
+    for i, prompt in enumerate(prompts):
         spec = module.speculate(prompt, args.max_new_tokens)
         row = {
             "prompt": i,

@@ -103,7 +103,7 @@ class EpochShuffle(DistributedSampler):
 
     So a run on W data-parallel ranks trains step for step on the same sequences as one process
     with a W times larger batch (the rows in rank order), and a resumed run sees the same order as
-    an uninterrupted one: ``skip_batches`` drops the global batches it already trained on in the
+    an uninterrupted one: ``resume_at`` drops the global batches it already trained on in the
     interrupted epoch (Lightning restores its loop counters but restarts the data iterator). With
     W > 1 an incomplete last global batch is dropped (ranks must take the same number of steps).
     A DistributedSampler subclass, so Lightning keeps it instead of wrapping it in its own.
@@ -114,11 +114,21 @@ class EpochShuffle(DistributedSampler):
     ):
         if not 0 <= rank < num_replicas:
             raise ValueError(f"rank {rank} outside 0..{num_replicas - 1}")
-        self.total, self.seed, self.epoch, self.skip_batches = num_samples, seed, 0, 0
+        self.total, self.seed, self.epoch = num_samples, seed, 0
         self.batch_size, self.num_replicas, self.rank = batch_size, num_replicas, rank
+        self.skip_epoch, self.skip_batches = None, 0
 
     def set_epoch(self, epoch: int) -> None:  # Lightning calls this before every epoch
         self.epoch = epoch
+
+    def resume_at(self, epoch: int, batches: int) -> None:
+        """Skip the first ``batches`` global batches of ``epoch``, if that epoch is iterated next.
+
+        Tied to the epoch: a checkpoint written after an epoch's last batch restores into that epoch,
+        but Lightning finishes it on restore and iterates the next one, which must start at its first
+        batch (skipping there would drop a whole epoch).
+        """
+        self.skip_epoch, self.skip_batches = epoch, batches
 
     def _global_batches(self) -> list[list[int]]:
         g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
@@ -130,7 +140,8 @@ class EpochShuffle(DistributedSampler):
         return batches
 
     def __iter__(self):
-        skip, self.skip_batches = self.skip_batches, 0  # only the first epoch after a resume is cut
+        skip = self.skip_batches if self.epoch == self.skip_epoch else 0
+        self.skip_epoch, self.skip_batches = None, 0  # only the first epoch after a resume is cut
         lo, hi = self.rank * self.batch_size, (self.rank + 1) * self.batch_size
         return iter([i for batch in self._global_batches()[skip:] for i in batch[lo:hi]])
 
@@ -238,10 +249,9 @@ class TextDataModule(pl.LightningDataModule):
         sampler = EpochShuffle(len(self.train), self.seed, self.batch_size, world, rank)
         loop = trainer.fit_loop if trainer is not None else None
         if loop is not None and loop.restarting:  # resuming mid-epoch: skip what was trained on
-            sampler.epoch = trainer.current_epoch
             # "processed": batches whose training step ran (a checkpoint written in on_train_batch_end
             # counts its own batch as processed but not yet completed).
-            sampler.skip_batches = loop.epoch_loop.batch_progress.current.processed
+            sampler.resume_at(trainer.current_epoch, loop.epoch_loop.batch_progress.current.processed)
         if self.cache:
             from spec_drafters.cache import collate_cached
 

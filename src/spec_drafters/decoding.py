@@ -74,10 +74,25 @@ def _finish(tokens: list[int], max_new_tokens: int, eos: set[int]) -> tuple[list
     return tokens[:max_new_tokens], len(tokens) >= max_new_tokens
 
 
+def check_fits(
+    target: FrozenTarget, prompt_tokens: int, max_new_tokens: int, what: str = "the prompt"
+) -> None:
+    """Refuses a decode that would run past the target's context: it would compute for minutes over
+    positions the target was never built for, and say nothing until it ends."""
+    limit = target.context_length
+    if limit is not None and prompt_tokens + max_new_tokens > limit:
+        raise ValueError(
+            f"{what} has {prompt_tokens} tokens, + max_new_tokens {max_new_tokens} = "
+            f"{prompt_tokens + max_new_tokens}, more than the target's context of {limit} tokens "
+            "(max_position_embeddings): shorten the prompt or lower max_new_tokens"
+        )
+
+
 @torch.no_grad()
 def greedy_generate(
     target: FrozenTarget, prompt: list[int], max_new_tokens: int, eos_ids: list[int]
 ) -> DecodeResult:
+    check_fits(target, len(prompt), max_new_tokens)
     t0 = time.perf_counter()
     device = target.embed_tokens.weight.device
     ids = torch.tensor([prompt], device=device)
@@ -108,6 +123,7 @@ def speculative_generate(
     max_new_tokens: int,
     eos_ids: list[int],
 ) -> DecodeResult:
+    check_fits(target, len(prompt), max_new_tokens)
     t0 = time.perf_counter()
     cfg = drafter.config
     device = target.embed_tokens.weight.device

@@ -72,8 +72,12 @@ class Entry:
         for p in inspect.signature(target).parameters.values():
             if p.name == "self" or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
                 continue
-            ann = p.annotation if isinstance(p.annotation, str) else getattr(p.annotation, "__name__", "")
-            text = f"{p.name}: {ann}" if ann and ann is not inspect.Parameter.empty else p.name
+            ann = p.annotation
+            if ann is inspect.Parameter.empty:  # unannotated: its __name__ would print as "_empty"
+                ann = ""
+            elif not isinstance(ann, str):
+                ann = getattr(ann, "__name__", "")
+            text = f"{p.name}: {ann}" if ann else p.name
             if p.default is not inspect.Parameter.empty:
                 text += f" = {p.default!r}"
             out.append(text)

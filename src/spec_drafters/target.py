@@ -58,6 +58,9 @@ class FrozenTarget(nn.Module):
         cfg = model.config
         self.hidden_size: int = cfg.hidden_size
         self.vocab_size: int = model.get_output_embeddings().weight.shape[0]
+        # The positions the target was built for (None when its config does not say); decoding
+        # refuses to run past them (decoding.check_fits).
+        self.context_length: int | None = getattr(cfg, "max_position_embeddings", None)
         # transformers 5 renamed ``past_key_values`` to ``cache``; accept both generations.
         params = inspect.signature(self.base.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"

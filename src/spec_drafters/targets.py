@@ -134,6 +134,11 @@ class TargetLoader:
     def load(self) -> LoadedTarget:
         raise NotImplementedError
 
+    def identity(self) -> str | None:
+        """The card name ``load`` will give, when it is known without loading anything (None: only
+        loading tells). A checkpoint's target is checked against it before the target is loaded."""
+        return None
+
 
 def _dtype(name: str) -> torch.dtype:
     table = {
@@ -248,6 +253,9 @@ class EmbeddedSmolLM2(TargetLoader):
                 convert_gguf(gguf, out)
         return out
 
+    def identity(self) -> str:
+        return self.card_name
+
     def load(self) -> LoadedTarget:
         model, tokenizer = _load_folder(self.folder(), _dtype(self.dtype))
         card = TargetCard.load(self.card_name)
@@ -280,6 +288,9 @@ class HFPretrained(TargetLoader):
     ):
         self.path, self.mask_token_id, self.card, self.dtype = path, mask_token_id, card, dtype
         self.meta = meta
+
+    def identity(self) -> str:
+        return TargetCard.load(self.card).name if self.card else Path(self.path).name
 
     def load(self) -> LoadedTarget:
         folder = Path(self.path)
@@ -364,6 +375,9 @@ class TinyRandom(TargetLoader):
         self.num_heads, self.num_kv_heads, self.seed, self.dtype = num_heads, num_kv_heads, seed, dtype
         self.mask_token_id = mask_token_id
 
+    def identity(self) -> str:
+        return f"tiny-{self.architecture}-{self.num_layers}x{self.hidden_size}-s{self.seed}"
+
     def load(self) -> LoadedTarget:
         from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
 
@@ -390,7 +404,7 @@ class TinyRandom(TargetLoader):
                 if p.dim() == 2:
                     nn.init.normal_(p, std=0.2)
         card = TargetCard(
-            name=f"tiny-{self.architecture}-{self.num_layers}x{self.hidden_size}-s{self.seed}",
+            name=self.identity(),
             num_layers=self.num_layers,
             hidden_size=self.hidden_size,
             vocab_size=tok.vocab_size,
