@@ -1,5 +1,6 @@
 """Bad input through the real CLI: each row is one input that must end as ``spec-drafters: error: ...``
 with the expected exit status and a message naming the file (and line or field), never a traceback.
+(A flag the checkpoint overrides is a warning, not an error: tests/test_trust_b.py.)
 
 A row is (id, a function writing its input under tmp_path and returning the command line, exit
 status, fragment of the message). ``made`` holds the tiny artefacts rows start from (a drafter
@@ -41,6 +42,12 @@ class Made:
 
         module = load_module(["--config", TINY], quiet=True)
         return write_folder(folder_from_module(module), self.root / "drafter")
+
+    @functools.cached_property
+    def checkpoint(self) -> Path:
+        main([*FIT, "--trainer.default_root_dir", str(self.root / "fit"),
+              "--trainer.callbacks.dirpath", str(self.root / "fit")])  # fmt: skip
+        return self.root / "fit" / "last.ckpt"
 
     @functools.cached_property
     def cache(self) -> Path:
@@ -86,8 +93,47 @@ def _other_data(tmp: Path, made: Made) -> list[str]:
     return _fit(tmp, "--data.cache", str(made.cache), "--data.path", other)
 
 
+def _validate(tmp: Path, ckpt: str, *extra: str) -> list[str]:
+    return ["validate", "--config", TINY, "--trainer.logger", "false",
+            "--trainer.default_root_dir", str(tmp), "--ckpt_path", ckpt, *extra]  # fmt: skip
+
+
 ROWS = [
     # (id, input -> command line, exit status, message fragment)
+    (
+        "ckpt-other-target",
+        lambda tmp, made: _validate(tmp, str(made.checkpoint), "--model.target.init_args.num_layers", "2"),
+        1,
+        "trained for target 'tiny-qwen3-6x32-s0', --model.target loads 'tiny-qwen3-2x32-s0'",
+    ),
+    (
+        "ckpt-missing-file",
+        lambda tmp, made: _validate(tmp, str(tmp / "missing.ckpt")),
+        1,
+        "missing.ckpt: no such file",
+    ),
+    (
+        "ckpt-remote-url",  # refused before anything is fetched: port 9 (discard) is never contacted
+        lambda tmp, made: _validate(tmp, "http://127.0.0.1:9/last.ckpt"),
+        1,
+        "remote checkpoints are not loaded",
+    ),
+    (
+        "prompt-past-context",
+        lambda tmp, made: [
+            "generate",
+            "--config",
+            TINY,
+            "--ckpt_path",
+            str(made.checkpoint),
+            "--prompt",
+            "x" * 4090,
+            "--max_new_tokens",
+            "12",
+        ],
+        1,
+        "prompt 0 has 4090 tokens, + max_new_tokens 12 = 4102, more than",
+    ),
     (
         "yaml-malformed",
         lambda tmp, made: _config(tmp, "model:\n  lr: 0.003\n  drafter: {num_layers: 1\ndata:\n  x: 1\n"),

@@ -298,7 +298,7 @@ class SpecDraftersCLI(LightningCLI):
         saved = ckpt.get("spec_drafters", {}).get("target", {}).get("name")
         mine = _target_identity(self.config[sub].get("model.target"))
         if saved and mine and saved != mine:
-            raise ValueError(
+            raise InputError(
                 f"--ckpt_path {ckpt_path}: the checkpoint was trained for target {saved!r}, "
                 f"--model.target loads {mine!r}"
             )
@@ -529,7 +529,7 @@ def generate(argv: list[str]) -> None:
         try:
             check_fits(module.target, len(prompt), args.max_new_tokens, f"prompt {i}")
         except ValueError as e:
-            sys.exit(f"spec-drafters generate: error: {e}")
+            raise InputError(f"generate: {e}") from None
     rows = []
     for i, prompt in enumerate(prompts):
         spec = module.speculate(prompt, args.max_new_tokens)
