@@ -75,8 +75,17 @@ class _TapList(Injection):
         if self.num_taps is not None:
             ids = zlab_layer_ids(card.num_layers, self.num_taps)
             return validate_layer_ids(ids, card.num_layers, f"{FLAG}.num_taps")
-        ids = card.default_tap_ids or zlab_layer_ids(card.num_layers, 5)
-        return validate_layer_ids(ids, card.num_layers, f"default_tap_ids of target card {card.name!r}")
+        if card.default_tap_ids:
+            field = f"default_tap_ids of target card {card.name!r}"
+            return validate_layer_ids(card.default_tap_ids, card.num_layers, field)
+        try:  # no card default: z-lab's 5 taps, which a shallow target cannot hold
+            ids = zlab_layer_ids(card.num_layers, 5)
+            return validate_layer_ids(ids, card.num_layers, f"z-lab's 5 taps over {card.num_layers} layers")
+        except ValueError as e:  # the config set neither field: say so, and which ones to set
+            raise ValueError(
+                f"{FLAG}: target card {card.name!r} has no default_tap_ids, and {e}; "
+                f"set {FLAG}.layer_ids or {FLAG}.num_taps"
+            ) from None
 
 
 @register("injection", "all_taps")
