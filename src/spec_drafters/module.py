@@ -34,7 +34,7 @@ from spec_drafters.noise import FeatureNoise, NoNoise
 from spec_drafters.registry import as_config, name_of
 from spec_drafters.target import FrozenTarget
 from spec_drafters.target_source import ModelOutput, TargetSource
-from spec_drafters.targets import EmbeddedSmolLM2, TargetLoader
+from spec_drafters.targets import EmbeddedSmolLM2, MaskTokenError, TargetLoader
 from spec_drafters.tracking import log_acceptance_figure
 from spec_drafters.verifiers import GreedyChain, Verifier
 
@@ -140,7 +140,7 @@ class DFlashModule(pl.LightningModule):
         self.tokenizer, self.card = loaded.tokenizer, loaded.card
         vocab = loaded.model.get_output_embeddings().weight.shape[0]
         if not 0 <= self.card.mask_token_id < vocab:
-            raise ValueError(
+            raise MaskTokenError(
                 f"--model.target: mask token id {self.card.mask_token_id} is outside the target's "
                 f"vocabulary 0..{vocab - 1}"
             )
