@@ -172,3 +172,13 @@ def test_the_module_default_is_the_card_default_with_nothing_set(tmp_path):
         "class_path": "spec_drafters.injection.AllTaps",
         "init_args": {"layer_ids": None, "num_taps": None},
     }
+
+
+def test_a_num_taps_kept_from_an_earlier_config_is_named_with_the_way_out():
+    """tests/configs/tiny.yaml sets ZLabTaps(num_taps=3): an override switching to AllTaps keeps it
+    (jsonargparse's rule for values a config set), so the error names both values and the fix."""
+    switch = ["--config", "tests/configs/tiny.yaml", "--model.injection", "AllTaps",
+              "--model.injection.init_args.layer_ids", "[1, 3]"]  # fmt: skip
+    (finding,) = lint_config(switch)
+    assert "got layer_ids [1, 3] and num_taps 3" in finding.message and "set it to null" in finding.message
+    assert lint_config([*switch, "--model.injection.init_args.num_taps", "null"]) == []

@@ -64,8 +64,11 @@ class _TapList(Injection):
     """
 
     def __init__(self, layer_ids: list[int] | None = None, num_taps: int | None = None):
-        if layer_ids is not None and num_taps is not None:
-            raise ValueError(f"{FLAG}: set layer_ids or num_taps, not both")
+        if layer_ids is not None and num_taps is not None:  # name both: one may come from an earlier config
+            raise ValueError(
+                f"{FLAG}: set layer_ids or num_taps, not both (got layer_ids {list(layer_ids)} and num_taps "
+                f"{num_taps}; switching class_path keeps the previous class's num_taps, set it to null)"
+            )
         self.layer_ids = None if layer_ids is None else list(layer_ids)
         self.num_taps = num_taps
 
