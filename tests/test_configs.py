@@ -9,10 +9,12 @@ import torch
 
 from spec_drafters.cli import SpecDraftersCLI, check_argv_components
 from spec_drafters.data import TextDataModule
+from spec_drafters.injection import AllButLast, AllTaps
 from spec_drafters.module import DFlashModule
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 SEEDS = ["dflash_v3", "dflash_v5", "dflash_v6", "ddtree_v6", "experiment_ddtree"]
+TWINS = ["dflash_v3", "dflash_v5", "dflash_v6", "experiment_ddtree"]
 
 
 class InstantiateOnly(SpecDraftersCLI):
@@ -35,6 +37,11 @@ def instantiate(*args: str) -> InstantiateOnly:
 def describe(cli) -> dict:
     d = cli.model.describe()
     return {"fc_ids": d["fc_ids"], "taps": d["target"]["tap_ids"], **d["components"], "drafter": d["drafter"]}
+
+
+@pytest.fixture(scope="module")
+def twins():
+    return {name: instantiate("fit", "--config", str(CONFIGS / "twins" / f"{name}.yaml")) for name in TWINS}
 
 
 @pytest.fixture(scope="module")
@@ -122,9 +129,9 @@ def test_multinode_preset_shards_over_every_gpu_of_every_node():
     assert strategy._data_parallel_size == 16 == cli.trainer.num_nodes * cli.trainer.devices
 
 
-@pytest.mark.parametrize("name", ["dflash_v3", "dflash_v5", "dflash_v6", "experiment_ddtree"])
-def test_twins_make_the_same_choices_as_their_seed_config(seeds, name):
-    twin = describe(instantiate("fit", "--config", str(CONFIGS / "twins" / f"{name}.yaml")))
+@pytest.mark.parametrize("name", TWINS)
+def test_twins_make_the_same_choices_as_their_seed_config(seeds, twins, name):
+    twin = describe(twins[name])
     seed = describe(seeds[name])
     for kind in ("injection", "target_source", "noise", "loss", "mask", "anchors"):
         assert twin[kind] == seed[kind], kind
@@ -146,6 +153,41 @@ def test_quickstart_and_its_verifier_overlay_instantiate():
     assert list(cli.model.offline_verifiers) == ["chain", "ddtree_b8", "ddtree_b32", "ddtree_b128"]
     (callback,) = cli.trainer.callbacks
     assert [v.budget for v in callback.verifiers] == [8, 32, 128] and callback.prompt_lookup_tokens == 7
+
+
+V6_TAPS = [1, 16, 31, 46, 61]  # Qwen3.6-27B's card default: z-lab's 5 taps over 64 layers
+TWIN_TAPS = [1, 8, 14, 20, 27]  # SmolLM2-135M's card default: the same formula over 30 layers
+#: What each shipped config's comments say it taps: (fc ids, every tapped id).
+INTENDED_TAPS = {
+    "dflash_v3.yaml": (V6_TAPS, V6_TAPS),  # 61 feeds fc and the labels
+    "dflash_v5.yaml": (V6_TAPS[:-1], V6_TAPS),  # 61 for the labels only
+    "dflash_v6.yaml": (V6_TAPS, V6_TAPS),
+    "ddtree_v6.yaml": (V6_TAPS, V6_TAPS),
+    "experiment_ddtree.yaml": (V6_TAPS, V6_TAPS),
+    "quickstart.yaml": (TWIN_TAPS, TWIN_TAPS),
+    "twins/dflash_v3.yaml": (TWIN_TAPS, TWIN_TAPS),
+    "twins/dflash_v5.yaml": (TWIN_TAPS[:-1], TWIN_TAPS),
+    "twins/dflash_v6.yaml": (TWIN_TAPS, TWIN_TAPS),
+    "twins/experiment_ddtree.yaml": (TWIN_TAPS, TWIN_TAPS),
+}
+OVERLAYS = {"verify_humaneval.yaml"}  # no model of its own: read over quickstart.yaml
+
+
+def test_every_shipped_config_taps_the_layers_its_comments_name(seeds, twins):
+    models = {f"{n}.yaml": cli.model for n, cli in seeds.items()}
+    models |= {f"twins/{n}.yaml": cli.model for n, cli in twins.items()}
+    models["quickstart.yaml"] = instantiate("fit", "--config", str(CONFIGS / "quickstart.yaml")).model
+    shipped = {
+        p.relative_to(CONFIGS).as_posix() for p in CONFIGS.rglob("*.yaml") if p.parent.name != "presets"
+    }
+    assert shipped == INTENDED_TAPS.keys() | OVERLAYS
+    for name, (fc, taps) in INTENDED_TAPS.items():
+        model = models[name]
+        assert (model.fc_ids, model.target.tap_ids) == (fc, taps), name
+        if type(model.injection) in (AllTaps, AllButLast):  # named bare: "the card's default taps"
+            injection = model.injection
+            assert injection.layer_ids is None and injection.num_taps is None, name
+            assert model.card.default_tap_ids == taps, name
 
 
 def test_every_yaml_is_covered():

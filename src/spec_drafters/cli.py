@@ -6,7 +6,7 @@
     spec-drafters export CKPT_OR_FOLDER --out DIR [--layout spec_drafters|zlab|speculators]
     spec-drafters inspect PATH [--json]
     spec-drafters diff A B [--all] [--json]
-    spec-drafters lint --config CONFIG [--json]
+    spec-drafters lint --config CONFIG [--strict] [--json]
     spec-drafters registry [--json]
     spec-drafters compare untrained.json trained.json
     spec-drafters corpus --out data/stdlib_smollm2.jsonl.gz
@@ -710,16 +710,21 @@ def lint_cmd(argv: list[str]) -> None:
     from spec_drafters.tools import lint_config
 
     if "--config" not in argv and "-c" not in argv:
-        sys.exit("usage: spec-drafters lint --config CONFIG [--config ...] [--model.* overrides] [--json]")
-    findings = lint_config([a for a in argv if a != "--json"])
+        sys.exit(
+            "usage: spec-drafters lint --config CONFIG [--config ...] [--model.* ...] [--strict] [--json]"
+        )
+    findings = lint_config([a for a in argv if a not in ("--json", "--strict")])
     if "--json" in argv:
         print(json.dumps([f.__dict__ for f in findings], indent=2))
     else:
         print("\n".join(map(str, findings)) or "no findings")
-    errors = sum(f.severity == "error" for f in findings)
-    warnings = len(findings) - errors
-    print(f"{errors} error(s), {warnings} warning(s)", file=sys.stderr)
-    if errors:
+    count = {s: sum(f.severity == s for f in findings) for s in ("error", "warning", "allowed")}
+    print(
+        f"{count['error']} error(s), {count['warning']} warning(s), {count['allowed']} allowed",
+        file=sys.stderr,
+    )
+    # --strict: a CI gate, where a warning (v5's fc over 4 of 5 taps, labels from layer 61) must fail too.
+    if count["error"] or ("--strict" in argv and count["warning"]):
         sys.exit(1)
 
 

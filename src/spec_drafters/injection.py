@@ -64,8 +64,11 @@ class _TapList(Injection):
     """
 
     def __init__(self, layer_ids: list[int] | None = None, num_taps: int | None = None):
-        if layer_ids is not None and num_taps is not None:
-            raise ValueError(f"{FLAG}: set layer_ids or num_taps, not both")
+        if layer_ids is not None and num_taps is not None:  # name both: one may come from an earlier config
+            raise ValueError(
+                f"{FLAG}: set layer_ids or num_taps, not both (got layer_ids {list(layer_ids)} and num_taps "
+                f"{num_taps}; switching class_path keeps the previous class's num_taps, set it to null)"
+            )
         self.layer_ids = None if layer_ids is None else list(layer_ids)
         self.num_taps = num_taps
 
@@ -75,8 +78,17 @@ class _TapList(Injection):
         if self.num_taps is not None:
             ids = zlab_layer_ids(card.num_layers, self.num_taps)
             return validate_layer_ids(ids, card.num_layers, f"{FLAG}.num_taps")
-        ids = card.default_tap_ids or zlab_layer_ids(card.num_layers, 5)
-        return validate_layer_ids(ids, card.num_layers, f"default_tap_ids of target card {card.name!r}")
+        if card.default_tap_ids:
+            field = f"default_tap_ids of target card {card.name!r}"
+            return validate_layer_ids(card.default_tap_ids, card.num_layers, field)
+        try:  # no card default: z-lab's 5 taps, which a shallow target cannot hold
+            ids = zlab_layer_ids(card.num_layers, 5)
+            return validate_layer_ids(ids, card.num_layers, f"z-lab's 5 taps over {card.num_layers} layers")
+        except ValueError as e:  # the config set neither field: say so, and which ones to set
+            raise ValueError(
+                f"{FLAG}: target card {card.name!r} has no default_tap_ids, and {e}; "
+                f"set {FLAG}.layer_ids or {FLAG}.num_taps"
+            ) from None
 
 
 @register("injection", "all_taps")

@@ -26,7 +26,7 @@ from torch import nn
 from spec_drafters.anchors import AnchorSampler, UniformAnchors, block_labels, build_blocks
 from spec_drafters.decoding import DecodeResult, greedy_generate, speculative_generate
 from spec_drafters.drafter import DFlashDrafter, DrafterConfig
-from spec_drafters.injection import Injection, ZLabTaps
+from spec_drafters.injection import AllTaps, Injection
 from spec_drafters.losses import DraftLoss, HardCE, SlotBatch
 from spec_drafters.masks import DFlashBlockMask, DrafterMask
 from spec_drafters.metrics import AcceptanceCurve, AcceptanceLength, Calibration, SlotAccuracy
@@ -34,7 +34,7 @@ from spec_drafters.noise import FeatureNoise, NoNoise
 from spec_drafters.registry import as_config, name_of
 from spec_drafters.target import FrozenTarget
 from spec_drafters.target_source import ModelOutput, TargetSource
-from spec_drafters.targets import EmbeddedSmolLM2, TargetLoader
+from spec_drafters.targets import EmbeddedSmolLM2, MaskTokenError, TargetLoader
 from spec_drafters.tracking import log_acceptance_figure
 from spec_drafters.verifiers import GreedyChain, Verifier
 from spec_drafters.vocab import DraftVocab, FullVocab
@@ -71,7 +71,8 @@ class DFlashModule(pl.LightningModule):
     Args:
         target: where the frozen target comes from.
         drafter: the drafter's shape; unset fields follow the target.
-        injection: which target layers are tapped and fed to fc.
+        injection: which target layers are tapped and fed to fc (default: the target card's default
+            taps, all into fc).
         target_source: where training labels come from.
         val_target_source: where validation labels come from: by default the target's real output,
             which is what a verifier accepts, whatever the training labels were (a drafter trained on
@@ -104,7 +105,14 @@ class DFlashModule(pl.LightningModule):
         self,
         target: TargetLoader = lazy_instance(EmbeddedSmolLM2),
         drafter: DrafterConfig = DrafterConfig(),  # noqa: B008 - a dataclass value, copied by resolved()
-        injection: Injection = lazy_instance(ZLabTaps),
+        # A config that switches a component's class_path keeps the default's init_args that the new
+        # class also accepts (jsonargparse issue #460): a default of ZLabTaps(num_taps=5) turned every
+        # YAML AllTaps/AllButLast into z-lab's 5-tap formula, never the card's taps. So each default
+        # holds nothing a switched class could read as a choice: no init_args, init_args that are all
+        # None ("unset" in every tap-list strategy), or values equal to every built-in class's default
+        # of the same name (tests/test_component_defaults.py parses every class of every kind from
+        # YAML). A plugin that reuses such a name (gamma, dtype, max_anchors) must keep that default.
+        injection: Injection = lazy_instance(AllTaps),
         target_source: TargetSource = lazy_instance(ModelOutput),
         val_target_source: TargetSource = lazy_instance(ModelOutput),
         noise: FeatureNoise = lazy_instance(NoNoise),
@@ -136,7 +144,7 @@ class DFlashModule(pl.LightningModule):
         self.tokenizer, self.card = loaded.tokenizer, loaded.card
         vocab = loaded.model.get_output_embeddings().weight.shape[0]
         if not 0 <= self.card.mask_token_id < vocab:
-            raise ValueError(
+            raise MaskTokenError(
                 f"--model.target: mask token id {self.card.mask_token_id} is outside the target's "
                 f"vocabulary 0..{vocab - 1}"
             )
