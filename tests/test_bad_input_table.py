@@ -1,6 +1,6 @@
 """Bad input through the real CLI: each row is one input that must end as ``spec-drafters: error: ...``
 with the expected exit status and a message naming the file (and line or field), never a traceback.
-(A flag the checkpoint overrides is a warning, not an error: tests/test_trust_b.py.)
+Rows with exit status 0 are inputs that run but must say something: their fragment is a warning.
 
 A row is (id, a function writing its input under tmp_path and returning the command line, exit
 status, fragment of the message). ``made`` holds the tiny artefacts rows start from (a drafter
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import shutil
+import warnings
 from pathlib import Path
 
 import pytest
@@ -105,6 +106,12 @@ ROWS = [
         lambda tmp, made: _validate(tmp, str(made.checkpoint), "--model.target.init_args.num_layers", "2"),
         1,
         "trained for target 'tiny-qwen3-6x32-s0', --model.target loads 'tiny-qwen3-2x32-s0'",
+    ),
+    (
+        "ckpt-overrides-a-shape-flag",  # runs with the checkpoint's shape, and says so
+        lambda tmp, made: _validate(tmp, str(made.checkpoint), "--model.drafter.block_size", "8"),
+        0,
+        "--model.drafter.block_size 8 is overridden by the checkpoint's 4",
     ),
     (
         "ckpt-missing-file",
@@ -231,6 +238,12 @@ ROWS = [
 def test_bad_input_ends_as_one_line_naming_the_place(make, status, fragment, made, tmp_path, capsys):
     argv = make(tmp_path, made)
     capsys.readouterr()
+    if status == 0:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            main(argv)  # runs to the end
+        assert any(fragment in str(w.message) for w in seen), [str(w.message) for w in seen]
+        return
     with pytest.raises(SystemExit) as exited:  # any other exception is a traceback: the row fails
         main(argv)
     code = exited.value.code
