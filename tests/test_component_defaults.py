@@ -64,6 +64,7 @@ REQUIRED = {
     "ExplicitTaps": {"layer_ids": [1, 3]},
     "CustomInjection": {"taps": [1, 3], "fc": [3]},
     "CAP": {"main": {"class_path": "HardCE"}},
+    "FrequentTokens": {"counts": "/nonexistent/counts.json"},
 }
 
 
@@ -103,7 +104,7 @@ def test_component_params_cover_every_kind_the_module_takes():
     kinds = dict(component_params())
     assert set(kinds) == {
         "target", "injection", "target_source", "val_target_source", "noise", "loss", "mask", "anchors",
-        "verifier", "eval_verifiers",
+        "verifier", "eval_verifiers", "draft_vocab",
     }  # fmt: skip
 
 
