@@ -2,6 +2,7 @@
 callbacks and loggers. The seeds' Qwen3.6-27B configs build the target from its card on the meta
 device (no weights); GPU trainer presets are instantiated as objects, not run (no GPU here)."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -165,6 +166,7 @@ INTENDED_TAPS = {
     "ddtree_v6.yaml": (V6_TAPS, V6_TAPS),
     "experiment_ddtree.yaml": (V6_TAPS, V6_TAPS),
     "quickstart.yaml": (TWIN_TAPS, TWIN_TAPS),
+    "reference_smollm2.yaml": (TWIN_TAPS, TWIN_TAPS),
     "twins/dflash_v3.yaml": (TWIN_TAPS, TWIN_TAPS),
     "twins/dflash_v5.yaml": (TWIN_TAPS[:-1], TWIN_TAPS),
     "twins/dflash_v6.yaml": (TWIN_TAPS, TWIN_TAPS),
@@ -173,10 +175,28 @@ INTENDED_TAPS = {
 OVERLAYS = {"verify_humaneval.yaml"}  # no model of its own: read over quickstart.yaml
 
 
-def test_every_shipped_config_taps_the_layers_its_comments_name(seeds, twins):
+def reference(tmp_path) -> InstantiateOnly:
+    """configs/reference_smollm2.yaml with a counts file of its own (make reference writes the real one)."""
+    counts = tmp_path / "token_counts.json"
+    counts.write_text(json.dumps({"counts": {str(t): 100 - t for t in range(100)}}))
+    config = str(CONFIGS / "reference_smollm2.yaml")
+    return instantiate("fit", "--config", config, "--model.draft_vocab.init_args.counts", str(counts))
+
+
+def test_reference_config_drafts_over_its_draft_vocabulary_and_selects_on_held_out_tau(tmp_path):
+    cli = reference(tmp_path)
+    drafter = cli.model.drafter
+    assert drafter.config.draft_vocab_size == 8192 and drafter.draft_ids[:100].tolist() == list(range(100))
+    assert cli.model.describe()["components"]["draft_vocab"] == "frequent_tokens"
+    best = [c for c in cli.trainer.callbacks if getattr(c, "monitor", None)]
+    assert [(c.monitor, c.mode) for c in best] == [("val/tau", "max")]  # held-out stdlib, not HumanEval
+
+
+def test_every_shipped_config_taps_the_layers_its_comments_name(seeds, twins, tmp_path):
     models = {f"{n}.yaml": cli.model for n, cli in seeds.items()}
     models |= {f"twins/{n}.yaml": cli.model for n, cli in twins.items()}
     models["quickstart.yaml"] = instantiate("fit", "--config", str(CONFIGS / "quickstart.yaml")).model
+    models["reference_smollm2.yaml"] = reference(tmp_path).model
     shipped = {
         p.relative_to(CONFIGS).as_posix() for p in CONFIGS.rglob("*.yaml") if p.parent.name != "presets"
     }
@@ -196,6 +216,7 @@ def test_every_yaml_is_covered():
     covered |= {"quickstart.yaml", "presets/train_8x_blackwell_fsdp.yaml", "presets/eval_2x_a6000.yaml"}
     covered |= {"presets/cpu_twin.yaml", "verify_humaneval.yaml", "presets/train_multinode_fsdp2.yaml"}
     covered |= {"presets/fsdp2_cpu.yaml"}  # run by tests/test_fsdp2.py
+    covered |= {"reference_smollm2.yaml"}
     assert shipped == covered, shipped ^ covered
 
 
