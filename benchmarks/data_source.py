@@ -60,7 +60,7 @@ def generation_speed(records: list[dict], n: int) -> dict:
     """Seconds per generated token when the target answers ``n`` of these prompts (batch 16)."""
     import torch
 
-    from spec_drafters.reference_corpus import answer_batch
+    from spec_drafters.corpus import answer_batch
     from spec_drafters.targets import EmbeddedSmolLM2
 
     target = EmbeddedSmolLM2().load()

@@ -5,9 +5,9 @@ an interrupted generation keeps its finished parts and never mixes in parts of a
 import gzip
 import json
 
+from spec_drafters.corpus import answer_batch
 from spec_drafters.decoding import greedy_generate
 from spec_drafters.reference_corpus import (
-    answer_batch,
     assemble,
     docstring_items,
     generate_parts,

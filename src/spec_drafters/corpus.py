@@ -42,17 +42,26 @@ SKIP_DIRS = {
 }
 
 
-def stdlib_prompts() -> Iterator[dict]:
-    """Module-level public functions with a docstring, as ``def ...:\\n    \"\"\"doc\"\"\"\\n`` prompts."""
-    root = Path(sysconfig.get_paths()["stdlib"])
+def stdlib_files(root: Path | None = None, skip: set[str] = SKIP_DIRS) -> Iterator[tuple[Path, str]]:
+    """(path relative to the library root, source) of every readable module outside ``skip`` folders
+    and test files, in sorted order."""
+    root = Path(sysconfig.get_paths()["stdlib"]) if root is None else root
     for path in sorted(root.rglob("*.py")):
         rel = path.relative_to(root)
-        if SKIP_DIRS & set(rel.parts[:-1]) or rel.name.startswith("test_"):
+        if skip & set(rel.parts[:-1]) or rel.name.startswith("test_"):
             continue
         try:
-            source = path.read_text(encoding="utf-8")
+            yield rel, path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+
+
+def stdlib_prompts() -> Iterator[dict]:
+    """Module-level public functions with a docstring, as ``def ...:\\n    \"\"\"doc\"\"\"\\n`` prompts."""
+    for rel, source in stdlib_files():
+        try:
             tree = ast.parse(source)
-        except (SyntaxError, UnicodeDecodeError, ValueError):
+        except (SyntaxError, ValueError):
             continue
         lines = source.splitlines()
         for node in tree.body:
@@ -105,31 +114,36 @@ def select(num_prompts: int, val_fraction: float) -> list[dict]:
 
 
 @torch.no_grad()
-def answer(items: list[dict], target, max_new_tokens: int, batch_size: int) -> Iterator[dict]:
-    """The target's greedy continuation of every prompt (left-padded batches)."""
+def answer_batch(chunk: list[dict], target, max_new_tokens: int) -> list[dict]:
+    """Greedy continuations of one left-padded batch of prompts (KV cache inside ``generate``)."""
     model, tok = target.model, target.tokenizer
     eos = target.card.eos_token_ids
-    pad = eos[0]
+    enc = [tok.encode(it["prompt"]) for it in chunk]
+    width = max(map(len, enc))
+    ids = torch.full((len(enc), width), eos[0])
+    attn = torch.zeros((len(enc), width), dtype=torch.long)
+    for i, e in enumerate(enc):
+        ids[i, width - len(e) :] = torch.tensor(e)
+        attn[i, width - len(e) :] = 1
+    out = model.generate(
+        ids,
+        attention_mask=attn,
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=eos,
+        pad_token_id=eos[0],
+    )
+    records = []
+    for it, row in zip(chunk, out[:, width:].tolist(), strict=True):
+        stop = next((i for i, t in enumerate(row) if t in eos), len(row))
+        records.append({**it, "response": tok.decode(row[:stop]), "finished": stop < len(row)})
+    return records
+
+
+def answer(items: list[dict], target, max_new_tokens: int, batch_size: int) -> Iterator[dict]:
+    """The target's greedy continuation of every prompt, in left-padded batches."""
     for start in range(0, len(items), batch_size):
-        chunk = items[start : start + batch_size]
-        enc = [tok.encode(it["prompt"]) for it in chunk]
-        width = max(map(len, enc))
-        ids = torch.full((len(enc), width), pad)
-        attn = torch.zeros((len(enc), width), dtype=torch.long)
-        for i, e in enumerate(enc):
-            ids[i, width - len(e) :] = torch.tensor(e)
-            attn[i, width - len(e) :] = 1
-        out = model.generate(
-            ids,
-            attention_mask=attn,
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            eos_token_id=eos,
-            pad_token_id=pad,
-        )
-        for it, row in zip(chunk, out[:, width:].tolist(), strict=True):
-            stop = next((i for i, t in enumerate(row) if t in eos), len(row))
-            yield {**it, "response": tok.decode(row[:stop]), "finished": stop < len(row)}
+        yield from answer_batch(items[start : start + batch_size], target, max_new_tokens)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -30,7 +30,6 @@ import gzip
 import hashlib
 import json
 import os
-import sysconfig
 import textwrap
 import time
 from collections.abc import Iterator
@@ -38,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from spec_drafters.corpus import humaneval_overlap, split_of
+from spec_drafters.corpus import answer_batch, humaneval_overlap, split_of, stdlib_files
 
 #: Test suites are not code a user asks a model to write; site-packages is not the standard library.
 SKIP_DIRS = {"test", "tests", "site-packages", "__pycache__"}
@@ -47,24 +46,10 @@ SKIP_DIRS = {"test", "tests", "site-packages", "__pycache__"}
 MAX_PROMPT_CHARS = 3000
 
 
-def stdlib_files(root: Path | None = None) -> Iterator[tuple[Path, str]]:
-    """(path relative to the library root, source) of every parseable module, in sorted order."""
-    root = Path(sysconfig.get_paths()["stdlib"]) if root is None else root
-    for path in sorted(root.rglob("*.py")):
-        rel = path.relative_to(root)
-        if SKIP_DIRS & set(rel.parts[:-1]) or rel.name.startswith("test_"):
-            continue
-        try:
-            source = path.read_text(encoding="utf-8")
-        except (UnicodeDecodeError, OSError):
-            continue
-        yield rel, source
-
-
 def docstring_items(root: Path | None = None) -> Iterator[dict]:
     """One prompt per function, method or class with a docstring (``ast.walk`` order per module)."""
     kinds = {ast.FunctionDef: "function", ast.AsyncFunctionDef: "function", ast.ClassDef: "class"}
-    for rel, source in stdlib_files(root):
+    for rel, source in stdlib_files(root, SKIP_DIRS):
         try:
             tree = ast.parse(source)
         except (SyntaxError, ValueError):
@@ -89,7 +74,7 @@ def docstring_items(root: Path | None = None) -> Iterator[dict]:
 
 def source_windows(root: Path | None = None, max_chars: int = 1200) -> Iterator[dict]:
     """Real source in windows of whole lines of at most ``max_chars`` (about 300-400 tokens)."""
-    for rel, source in stdlib_files(root):
+    for rel, source in stdlib_files(root, SKIP_DIRS):
         window: list[str] = []
         size, first = 0, 1
         for lineno, line in enumerate(source.splitlines(keepends=True), 1):
@@ -109,33 +94,6 @@ def select_items(items: list[dict], val_fraction: float) -> list[dict]:
     kept = [it for it in items if it["id"] not in bad]
     kept.sort(key=lambda it: hashlib.sha1(it["id"].encode()).hexdigest())
     return [{**it, "split": split_of(it["id"], val_fraction)} for it in kept]
-
-
-@torch.no_grad()
-def answer_batch(chunk: list[dict], target, max_new_tokens: int) -> list[dict]:
-    """Greedy continuations of one left-padded batch (KV cache inside ``generate``)."""
-    model, tok = target.model, target.tokenizer
-    eos = target.card.eos_token_ids
-    enc = [tok.encode(it["prompt"]) for it in chunk]
-    width = max(map(len, enc))
-    ids = torch.full((len(enc), width), eos[0])
-    attn = torch.zeros((len(enc), width), dtype=torch.long)
-    for i, e in enumerate(enc):
-        ids[i, width - len(e) :] = torch.tensor(e)
-        attn[i, width - len(e) :] = 1
-    out = model.generate(
-        ids,
-        attention_mask=attn,
-        max_new_tokens=max_new_tokens,
-        do_sample=False,
-        eos_token_id=eos,
-        pad_token_id=eos[0],
-    )
-    records = []
-    for it, row in zip(chunk, out[:, width:].tolist(), strict=True):
-        stop = next((i for i, t in enumerate(row) if t in eos), len(row))
-        records.append({**it, "response": tok.decode(row[:stop]), "finished": stop < len(row)})
-    return records
 
 
 def _write_part(path: Path, records: list[dict]) -> None:
