@@ -16,7 +16,8 @@ its parts). The drafter is untrained (cost does not depend on its weights) and s
 configs/quickstart.yaml's (2 layers, K = 8, 5 taps [1, 8, 14, 20, 27]); ``--ckpt`` takes an exported
 drafter folder instead.
 
-Run: ``PYTHONPATH=src python benchmarks/round_profile.py [--threads 1] [--repeats 9]``.
+Run: ``PYTHONPATH=src python benchmarks/round_profile.py [--threads 1] [--repeats 9]``; parts are timed
+each right after a greedy step (median of the pairs' ratios), whole decodes once every other repetition.
 """
 
 from __future__ import annotations
@@ -162,12 +163,6 @@ def run(args) -> None:
             (packed_subsets[vd] if setting == "packed" else subsets[vd])(hidden).argmax(-1).tolist()
         )
 
-    def whole(decode, n):
-        def go():
-            return decode(n)
-
-        return go
-
     n1 = 2 + k  # both runs end with the same budget-capped rounds; their difference is full rounds
     n2 = n1 + args.rounds
     prompt = ctx
@@ -180,93 +175,119 @@ def run(args) -> None:
     def greedy(packed):
         return lambda n: decoding.greedy_generate(target, prompt, n, [], packed_linears=packed)
 
-    times: dict[tuple[str, str], list[float]] = {}
-    whole_times: dict[tuple[str, str, int], list[float]] = {}
+    # Paired ratios: every part is timed right after a greedy step of the same setting and reported
+    # as the median of (part / that step), so that the machine's load drifting cancels out.
+    ratios: dict[tuple[str, str], list[float]] = {}
+    steps: dict[str, list[float]] = {s: [] for s in SETTINGS}
+    whole: dict[tuple[str, str], list[float]] = {}  # per repetition: (t(n2) - t(n1)) / rounds
     taus: dict[str, float] = {}
+    labels = ("greedy", "chain_round", f"ddtree_round_B{args.budget}")
     setting = "plain"
     order = random.Random(0)
     for rep in range(args.repeats + 1):  # the first repetition warms up (and packs)
         for setting in SETTINGS:
-            packed = setting == "packed"
-            with packed_linears(target, drafter) if packed else contextlib.nullcontext():
+            with packed_linears(target, drafter) if setting == "packed" else contextlib.nullcontext():
                 names = list(parts)
-                order.shuffle(names)  # no part always runs first after the switch
+                order.shuffle(names)
                 for name in names:
-                    fn = parts[name]
                     t0 = time.perf_counter()
-                    inner = fn()
-                    dt = inner if name == "context_append_1" else time.perf_counter() - t0
+                    greedy_step()
+                    t1 = time.perf_counter()
+                    inner = parts[name]()
+                    t2 = time.perf_counter()
+                    dt = inner if name == "context_append_1" else t2 - t1
                     if rep:
-                        times.setdefault((setting, name), []).append(dt)
-            if rep % 2 == 1:  # whole decodes are long: every other repetition, after the warm-up
-                for label, decode in (
-                    ("greedy", greedy(packed)),
-                    ("chain_round", spec(GreedyChain(), packed)),
-                    (f"ddtree_round_B{args.budget}", spec(DDTree(args.budget), packed)),
-                ):
+                        ratios.setdefault((setting, name), []).append(dt / (t1 - t0))
+                        steps[setting].append(t1 - t0)
+        if rep % 2 == 1:  # whole decodes are long: every other repetition, after the warm-up
+            for label in labels:
+                for setting in SETTINGS:
+                    packed = setting == "packed"
+                    decode = {
+                        "greedy": greedy(packed),
+                        "chain_round": spec(GreedyChain(), packed),
+                        labels[2]: spec(DDTree(args.budget), packed),
+                    }[label]
+                    t = []
                     for n in (n1, n2):
                         t0 = time.perf_counter()
                         res = decode(n)
-                        whole_times.setdefault((setting, label, n), []).append(time.perf_counter() - t0)
-                        if label != "greedy":
-                            taus[label] = res.tau
-    med = {key: sorted(v)[len(v) // 2] for key, v in times.items()}
-    wmed = {key: sorted(v)[len(v) // 2] for key, v in whole_times.items()}
+                        t.append(time.perf_counter() - t0)
+                    whole.setdefault((setting, label), []).append((t[1] - t[0]) / args.rounds)
+                    if label != "greedy":
+                        taus[label] = res.tau
+
+    def median(v):
+        return sorted(v)[len(v) // 2]
+
+    med = {key: median(v) for key, v in ratios.items()}
+    base = {s: median(steps[s]) for s in SETTINGS}
+    reps = len(whole[("plain", "greedy")])
     for setting in SETTINGS:
-        for label in ("greedy", "chain_round", f"ddtree_round_B{args.budget}"):
-            med[(setting, label)] = (wmed[(setting, label, n2)] - wmed[(setting, label, n1)]) / args.rounds
-        step = med[(setting, "greedy_step")]
-        drafter_pass = (
-            med[(setting, f"drafter_layers_K{k}")] + med[(setting, f"drafter_head_argmax_{depth}x{vocab}")]
-        )
-        med[(setting, "drafter_pass")] = drafter_pass
+        g = whole[(setting, "greedy")]
+        # Whole rounds through speculative_generate over greedy steps through greedy_generate, the
+        # same repetition's (both include the decoders' own Python); and over the part-timed step.
+        for label in labels[1:]:
+            med[(setting, label + "_vs_greedy_generate")] = median(
+                [r / s for r, s in zip(whole[(setting, label)], g, strict=True)]
+            )
+            med[(setting, label)] = median(whole[(setting, label)]) / base[setting]
+        med[(setting, "greedy_generate_step")] = median(g) / base[setting]
+        head = med[(setting, f"drafter_head_argmax_{depth}x{vocab}")]
+        med[(setting, "drafter_pass")] = med[(setting, f"drafter_layers_K{k}")] + head
+        append = med[(setting, "context_append_1")]
         chain_parts = (
-            drafter_pass
+            med[(setting, "drafter_pass")]
             + med[(setting, "greedy_chain_propose")]
             + med[(setting, f"target_forward_T{k}")]
-            + med[(setting, "context_append_1")]
+            + append
         )
         tree_parts = (
-            drafter_pass
+            med[(setting, "drafter_pass")]
             + med[(setting, f"ddtree_build_B{args.budget}")]
             + med[(setting, f"tree_verify_B{args.budget}")]
-            + med[(setting, "context_append_1")]
+            + append
         )
         med[(setting, "chain_round_python_overhead")] = med[(setting, "chain_round")] - chain_parts
-        med[(setting, f"ddtree_round_python_overhead_B{args.budget}")] = (
-            med[(setting, f"ddtree_round_B{args.budget}")] - tree_parts
-        )
-        med[(setting, "greedy_generate_step_minus_part")] = med[(setting, "greedy")] - step
-    names = [n for n in dict.fromkeys(n for _, n in med)]
-    rows = []
-    base = {s: med[(s, "greedy_step")] for s in SETTINGS}
-    print(f"threads {torch.get_num_threads()}, context {c}, K {k}, V {vocab}, repeats {args.repeats}")
-    print(
-        f"greedy step: plain {base['plain'] * 1e3:.1f} ms, packed {base['packed'] * 1e3:.1f} ms "
-        f"(packed/plain {base['packed'] / base['plain']:.3f})"
+        overhead = med[(setting, labels[2])] - tree_parts
+        med[(setting, f"ddtree_round_python_overhead_B{args.budget}")] = overhead
+    packed_vs_plain = median(
+        [p / q for p, q in zip(whole[("packed", "greedy")], whole[("plain", "greedy")], strict=True)]
     )
-    print(f"{'part':>42} {'plain':>8} {'packed':>8}   (ratio to the same setting's greedy step)")
+    names = sorted(
+        {n for _, n in med}, key=lambda n: (n not in parts, list(parts).index(n) if n in parts else 0)
+    )
+    rows = []
+    print(
+        f"threads {torch.get_num_threads()}, context {c}, K {k}, V {vocab}, repeats {args.repeats} "
+        f"(whole decodes: {reps}, {args.rounds} rounds each)"
+    )
+    print(
+        f"greedy step (part-timed medians): plain {base['plain'] * 1e3:.1f} ms, packed "
+        f"{base['packed'] * 1e3:.1f} ms; greedy_generate step packed/plain, paired: {packed_vs_plain:.3f}"
+    )
+    print(f"{'part (ratio to the same setting' + chr(39) + 's greedy step)':>52} {'plain':>8} {'packed':>8}")
     for name in names:
         row = {"part": name}
         for s in SETTINGS:
-            row[f"{s}_ms"] = round(med[(s, name)] * 1e3, 3)
-            row[f"{s}_ratio"] = round(med[(s, name)] / base[s], 4)
+            row[f"{s}_ratio"] = round(med[(s, name)], 4)
         rows.append(row)
-        print(f"{name:>42} {row['plain_ratio']:>8.3f} {row['packed_ratio']:>8.3f}")
+        print(f"{name:>52} {row['plain_ratio']:>8.3f} {row['packed_ratio']:>8.3f}")
     summary = {
         "benchmark": "round_profile",
         "threads": torch.get_num_threads(),
         "context": c,
         "block_size": k,
         "greedy_step_ms": {s: round(base[s] * 1e3, 2) for s in SETTINGS},
-        "packed_greedy_step_vs_plain": round(base["packed"] / base["plain"], 4),
-        "chain_round_per_greedy_step": {s: round(med[(s, "chain_round")] / base[s], 3) for s in SETTINGS},
-        "ddtree_round_per_greedy_step": {
-            s: round(med[(s, f"ddtree_round_B{args.budget}")] / base[s], 3) for s in SETTINGS
+        "packed_greedy_generate_step_vs_plain": round(packed_vs_plain, 4),
+        "chain_round_vs_greedy_generate_step": {
+            s: round(med[(s, "chain_round_vs_greedy_generate")], 3) for s in SETTINGS
         },
-        "verify_T8_per_greedy_step": {
-            s: round(med[(s, f"target_forward_T{k}")] / base[s], 3) for s in SETTINGS
+        "ddtree_round_vs_greedy_generate_step": {
+            s: round(med[(s, labels[2] + "_vs_greedy_generate")], 3) for s in SETTINGS
         },
+        "verify_forward_per_greedy_step": {s: round(med[(s, f"target_forward_T{k}")], 3) for s in SETTINGS},
+        "drafter_pass_per_greedy_step": {s: round(med[(s, "drafter_pass")], 3) for s in SETTINGS},
         "untrained_tau": taus,
     }
     record("round_profile", rows, summary)
