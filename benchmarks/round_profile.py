@@ -10,14 +10,14 @@ default); each ratio is to the greedy step of its own setting, and the ``packed`
 Rows: the target's forward over T new tokens (head included); the drafter's pass split into its
 layers and the head over the K-1 draft slots (argmax; a full softmax for comparison; a simulated
 draft vocabulary of V_d rows); the drafter context update; the DDTree build and the verify of its
-B-node tree; whole rounds measured through the real ``speculative_generate`` (a difference of two
-runs, so prefill and the budget-capped last rounds cancel), and the Python overhead (round minus
-its parts). The drafter is untrained (cost does not depend on its weights) and shaped like
+B-node tree; whole rounds (``decoding.speculative_round``, the loop body of ``speculative_generate``;
+the greedy step is ``decoding.greedy_step``, greedy_generate's), and the Python overhead (round
+minus its parts). The drafter is untrained (cost does not depend on its weights) and shaped like
 configs/quickstart.yaml's (2 layers, K = 8, 5 taps [1, 8, 14, 20, 27]); ``--ckpt`` takes an exported
 drafter folder instead.
 
 Run: ``PYTHONPATH=src python benchmarks/round_profile.py [--threads 1] [--repeats 9]``; parts are timed
-each right after a greedy step (median of the pairs' ratios), whole decodes once every other repetition.
+each right after a greedy step of the same setting (median of the pairs' ratios: load drift cancels).
 """
 
 from __future__ import annotations
@@ -72,7 +72,6 @@ def main() -> None:
     ap.add_argument("--context", type=int, default=200)
     ap.add_argument("--block-size", type=int, default=8)
     ap.add_argument("--budget", type=int, default=32, help="DDTree B")
-    ap.add_argument("--rounds", type=int, default=8, help="rounds in the whole-round difference")
     ap.add_argument("--ckpt", default=None, help="an exported drafter folder (default: untrained)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -105,9 +104,20 @@ def run(args) -> None:
         return o, r
 
     def greedy_step():  # greedy_generate's loop body
-        o = target(torch.tensor([[bonus]]), position_ids=_positions(c, 1, "cpu"), cache=cache, use_cache=True)
-        int(target.head(o.hidden[:, -1]).argmax(-1))
+        decoding.greedy_step(target, cache, bonus, c)
         crop_cache(cache, c)
+
+    def round_of(verifier):  # speculative_generate's loop body; only the round itself is timed
+        def go():
+            saved = (context.kv, context.length)
+            t0 = time.perf_counter()
+            decoding.speculative_round(target, drafter, fc_ids, verifier, cache, context, bonus, c, depth)
+            dt = time.perf_counter() - t0
+            crop_cache(cache, c)
+            context.kv, context.length = saved
+            return dt
+
+        return go
 
     def forward_t(t):
         return lambda: fwd(ctx[:t], position_ids=_positions(c, t, "cpu"))
@@ -157,31 +167,19 @@ def run(args) -> None:
         f"ddtree_topk_minus_logsumexp_B{args.budget}": topk_lse,
         f"tree_verify_B{args.budget}": tree_verify,
         "context_append_1": context_append,
+        "chain_round": round_of(GreedyChain()),
+        f"ddtree_round_B{args.budget}": round_of(DDTree(args.budget)),
     }
     for vd in subsets:
         parts[f"drafter_head_argmax_{depth}x{vd}"] = lambda vd=vd: (
             (packed_subsets[vd] if setting == "packed" else subsets[vd])(hidden).argmax(-1).tolist()
         )
 
-    n1 = 2 + k  # both runs end with the same budget-capped rounds; their difference is full rounds
-    n2 = n1 + args.rounds
-    prompt = ctx
-
-    def spec(verifier, packed):
-        return lambda n: decoding.speculative_generate(
-            target, drafter, fc_ids, verifier, prompt, n, [], packed_linears=packed
-        )
-
-    def greedy(packed):
-        return lambda n: decoding.greedy_generate(target, prompt, n, [], packed_linears=packed)
-
     # Paired ratios: every part is timed right after a greedy step of the same setting and reported
     # as the median of (part / that step), so that the machine's load drifting cancels out.
     ratios: dict[tuple[str, str], list[float]] = {}
     steps: dict[str, list[float]] = {s: [] for s in SETTINGS}
-    whole: dict[tuple[str, str], list[float]] = {}  # per repetition: (t(n2) - t(n1)) / rounds
-    taus: dict[str, float] = {}
-    labels = ("greedy", "chain_round", f"ddtree_round_B{args.budget}")
+    cross: list[float] = []
     setting = "plain"
     order = random.Random(0)
     for rep in range(args.repeats + 1):  # the first repetition warms up (and packs)
@@ -195,44 +193,27 @@ def run(args) -> None:
                     t1 = time.perf_counter()
                     inner = parts[name]()
                     t2 = time.perf_counter()
-                    dt = inner if name == "context_append_1" else t2 - t1
+                    dt = inner if isinstance(inner, float) else t2 - t1
                     if rep:
                         ratios.setdefault((setting, name), []).append(dt / (t1 - t0))
                         steps[setting].append(t1 - t0)
-        if rep % 2 == 1:  # whole decodes are long: every other repetition, after the warm-up
-            for label in labels:
-                for setting in SETTINGS:
-                    packed = setting == "packed"
-                    decode = {
-                        "greedy": greedy(packed),
-                        "chain_round": spec(GreedyChain(), packed),
-                        labels[2]: spec(DDTree(args.budget), packed),
-                    }[label]
-                    t = []
-                    for n in (n1, n2):
-                        t0 = time.perf_counter()
-                        res = decode(n)
-                        t.append(time.perf_counter() - t0)
-                    whole.setdefault((setting, label), []).append((t[1] - t[0]) / args.rounds)
-                    if label != "greedy":
-                        taus[label] = res.tau
+        for _ in range(4):  # the packed step over the plain one, in adjacent pairs
+            pair = []
+            for setting in SETTINGS:
+                with packed_linears(target, drafter) if setting == "packed" else contextlib.nullcontext():
+                    t0 = time.perf_counter()
+                    greedy_step()
+                    pair.append(time.perf_counter() - t0)
+            if rep:
+                cross.append(pair[1] / pair[0])
 
     def median(v):
         return sorted(v)[len(v) // 2]
 
     med = {key: median(v) for key, v in ratios.items()}
     base = {s: median(steps[s]) for s in SETTINGS}
-    reps = len(whole[("plain", "greedy")])
+    packed_vs_plain = median(cross)
     for setting in SETTINGS:
-        g = whole[(setting, "greedy")]
-        # Whole rounds through speculative_generate over greedy steps through greedy_generate, the
-        # same repetition's (both include the decoders' own Python); and over the part-timed step.
-        for label in labels[1:]:
-            med[(setting, label + "_vs_greedy_generate")] = median(
-                [r / s for r, s in zip(whole[(setting, label)], g, strict=True)]
-            )
-            med[(setting, label)] = median(whole[(setting, label)]) / base[setting]
-        med[(setting, "greedy_generate_step")] = median(g) / base[setting]
         head = med[(setting, f"drafter_head_argmax_{depth}x{vocab}")]
         med[(setting, "drafter_pass")] = med[(setting, f"drafter_layers_K{k}")] + head
         append = med[(setting, "context_append_1")]
@@ -249,22 +230,16 @@ def run(args) -> None:
             + append
         )
         med[(setting, "chain_round_python_overhead")] = med[(setting, "chain_round")] - chain_parts
-        overhead = med[(setting, labels[2])] - tree_parts
+        overhead = med[(setting, f"ddtree_round_B{args.budget}")] - tree_parts
         med[(setting, f"ddtree_round_python_overhead_B{args.budget}")] = overhead
-    packed_vs_plain = median(
-        [p / q for p, q in zip(whole[("packed", "greedy")], whole[("plain", "greedy")], strict=True)]
-    )
     names = sorted(
         {n for _, n in med}, key=lambda n: (n not in parts, list(parts).index(n) if n in parts else 0)
     )
     rows = []
-    print(
-        f"threads {torch.get_num_threads()}, context {c}, K {k}, V {vocab}, repeats {args.repeats} "
-        f"(whole decodes: {reps}, {args.rounds} rounds each)"
-    )
+    print(f"threads {torch.get_num_threads()}, context {c}, K {k}, V {vocab}, repeats {args.repeats}")
     print(
         f"greedy step (part-timed medians): plain {base['plain'] * 1e3:.1f} ms, packed "
-        f"{base['packed'] * 1e3:.1f} ms; greedy_generate step packed/plain, paired: {packed_vs_plain:.3f}"
+        f"{base['packed'] * 1e3:.1f} ms; packed step / plain step, paired: {packed_vs_plain:.3f}"
     )
     print(f"{'part (ratio to the same setting' + chr(39) + 's greedy step)':>52} {'plain':>8} {'packed':>8}")
     for name in names:
@@ -279,16 +254,14 @@ def run(args) -> None:
         "context": c,
         "block_size": k,
         "greedy_step_ms": {s: round(base[s] * 1e3, 2) for s in SETTINGS},
-        "packed_greedy_generate_step_vs_plain": round(packed_vs_plain, 4),
-        "chain_round_vs_greedy_generate_step": {
-            s: round(med[(s, "chain_round_vs_greedy_generate")], 3) for s in SETTINGS
+        "packed_greedy_step_vs_plain": round(packed_vs_plain, 4),
+        "chain_round_per_greedy_step": {s: round(med[(s, "chain_round")], 3) for s in SETTINGS},
+        "ddtree_round_per_greedy_step": {
+            s: round(med[(s, f"ddtree_round_B{args.budget}")], 3) for s in SETTINGS
         },
-        "ddtree_round_vs_greedy_generate_step": {
-            s: round(med[(s, labels[2] + "_vs_greedy_generate")], 3) for s in SETTINGS
-        },
+        "chain_round_per_plain_greedy_step": round(med[("packed", "chain_round")] * packed_vs_plain, 3),
         "verify_forward_per_greedy_step": {s: round(med[(s, f"target_forward_T{k}")], 3) for s in SETTINGS},
         "drafter_pass_per_greedy_step": {s: round(med[(s, "drafter_pass")], 3) for s in SETTINGS},
-        "untrained_tau": taus,
     }
     record("round_profile", rows, summary)
 
