@@ -2,18 +2,18 @@
 
 Why (benchmarks/round_profile.py, benchmarks/README.md "round_profile"): on this project's CPU the
 stock ``F.linear`` goes to MKL, whose one-row product (a matrix-vector kernel) streams the weights
-at a few GB/s and whose 2-to-32-row product is a general matrix product that costs 1.4-1.9x the
+at a few GB/s and whose 2-to-16-row product is a general matrix product that costs 1.5-2x the
 one-row one, although both are bound by reading the same weights. A K-token verify forward
-therefore cost about twice a greedy step. oneDNN's linear with the weight reordered once into its
-blocked layout (what inductor's CPU "freezing" does) reads the weights at the memory's pace for any
-row count from 1 to 32: the one-token step gets faster too, and a T-token forward costs little more.
+therefore cost 1.6-2 greedy steps. oneDNN's linear with the weight reordered once into its blocked
+layout (what inductor's CPU "freezing" does with bf16 or dynamic shapes) costs about the same for
+1 to 8 rows: the one-token step gets a little faster, and an 8-token forward costs 1.25 of it.
 
 Exact in the sense decoding needs: the same fp32 products, summed in another order (logits differ
 by ~1e-5 relative, as MKL's one-row and many-row kernels already differ from each other); greedy
 and speculative decoding both run on it, so the speedup comparison stays fair.
 
 The packed copy is made once per weight (and again only if the weight changes in place, e.g. a
-drafter that keeps training between evaluations) and kept on the module: it costs one more copy
+drafter that keeps training between evaluations) and kept beside the module: one more copy
 of the linear weights in memory. Only CPU weights in float32 or bfloat16 of at least
 ``MIN_WEIGHT_ELEMENTS`` are packed; anything else (CUDA, float64 or tiny test targets) keeps its
 ``nn.Linear``.
