@@ -136,3 +136,15 @@ def test_spec_drafters_and_speculators_layouts_keep_the_mapping_zlab_refuses(voc
     assert int(weights["t2d"].sum()) == len(ids) and bool(weights["t2d"][ids].all())
     with pytest.raises(ValueError, match="z-lab layout has no draft vocabulary"):
         write_folder(folder, tmp_path / "zlab", "zlab")
+
+
+def test_a_draft_vocabulary_reads_the_head_rows_through_a_packed_head():
+    """Decoding packs the target's linears (kernels.py): the draft head must still find the rows."""
+    from spec_drafters.kernels import PackedLinear
+
+    head = torch.nn.Linear(64, 2048, bias=False).requires_grad_(False)  # 131k elements: packable
+    cfg = replace(tiny_drafter(tiny_target()).config, hidden_size=64, draft_vocab_size=3)
+    drafter = DFlashDrafter(cfg)
+    drafter.draft_ids.copy_(torch.tensor([5, 700, 2047]))
+    hidden = torch.randn(4, 64)
+    torch.testing.assert_close(drafter.logits(hidden, PackedLinear(head)), head(hidden)[:, [5, 700, 2047]])
