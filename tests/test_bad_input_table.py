@@ -114,6 +114,24 @@ ROWS = [
         "--model.drafter.block_size 8 is overridden by the checkpoint's 4",
     ),
     (
+        "export-garbage-checkpoint",
+        lambda tmp, made: ["export", _write(tmp / "junk.ckpt", bytes(range(256)) * 4), "--out", str(tmp)],
+        1,
+        "junk.ckpt: not a readable checkpoint",
+    ),
+    (
+        "inspect-truncated-checkpoint",
+        lambda tmp, made: ["inspect", _write(tmp / "cut.ckpt", made.checkpoint.read_bytes()[:5000])],
+        1,
+        "cut.ckpt: not a readable checkpoint",
+    ),
+    (
+        "lint-malformed-yaml",
+        lambda tmp, made: ["lint", "--config", _write(tmp / "bad.yaml", "model:\n  lr: [1\n")],
+        1,
+        "bad.yaml:3:1: not valid YAML",
+    ),
+    (
         "ckpt-missing-file",
         lambda tmp, made: _validate(tmp, str(tmp / "missing.ckpt")),
         1,

@@ -21,7 +21,6 @@ from __future__ import annotations
 import importlib
 import inspect
 import json
-import pickle
 import sys
 import typing
 import warnings
@@ -219,25 +218,13 @@ CKPT_KEYWORDS = ("best", "last", "hpc", "registry")
 
 
 def read_checkpoint(path: str) -> dict:
-    """A local checkpoint, unpickled as plain data only (``weights_only``): loading a checkpoint
-    never runs code from it. Remote paths are refused: Lightning unpickles URLs in full."""
-    if "://" in str(path):
-        sys.exit(
-            f"spec-drafters: error: --ckpt_path {path}: remote checkpoints are not loaded (a pickle can "
-            "run code); download it and pass the local file"
-        )
-    if not Path(path).is_file():
-        sys.exit(f"spec-drafters: error: --ckpt_path {path}: no such file")
+    """``--ckpt_path``'s checkpoint as plain data only; anything else ends as one line naming it."""
+    from spec_drafters.export import read_checkpoint_file
+
     try:
-        return torch.load(path, weights_only=True, map_location="cpu")
-    except pickle.UnpicklingError as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        sys.exit(
-            f"spec-drafters: error: --ckpt_path {path}: refused, it holds more than plain data (tensors, "
-            f"numbers, strings, containers) and unpickling it could run code ({first})"
-        )
-    except (RuntimeError, EOFError) as e:
-        sys.exit(f"spec-drafters: error: --ckpt_path {path}: not a readable checkpoint ({e})")
+        return read_checkpoint_file(path, "--ckpt_path")
+    except InputError as e:
+        sys.exit(f"spec-drafters: error: {e}")
 
 
 def _model_flags(argv: list[str]) -> list[str]:

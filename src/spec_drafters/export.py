@@ -19,6 +19,7 @@ Notation: L target layers, n layers into fc, H hidden size.
 from __future__ import annotations
 
 import json
+import pickle
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -305,9 +306,37 @@ def build_drafter(folder: DrafterFolder) -> DFlashDrafter:
 
 
 # --- from training artefacts -----------------------------------------------------------------------
+def read_checkpoint_file(path: str | Path, flag: str = "") -> dict:
+    """A local Lightning checkpoint as plain data only (``weights_only``: loading never runs code from
+    it); a missing, remote, truncated or code-carrying file is an InputError naming it."""
+    where = f"{flag} {path}" if flag else str(path)
+    if "://" in str(path):
+        raise InputError(
+            f"{where}: remote checkpoints are not loaded (a pickle can run code); download it and pass "
+            "the local file"
+        )
+    if not Path(path).is_file():
+        raise InputError(f"{where}: no such file")
+    try:
+        return torch.load(path, weights_only=True, map_location="cpu")
+    except pickle.UnpicklingError as e:
+        # torch says "Unsupported global: GLOBAL x" for code a pickle would call, and other
+        # "Unsupported ..." reasons for bytes that are no checkpoint at all (truncated, foreign).
+        reason = next((ln.strip() for ln in str(e).splitlines() if "Unsupported" in ln), type(e).__name__)
+        reason = reason.split("WeightsUnpickler error:")[-1].strip()
+        if "GLOBAL" in reason:
+            raise InputError(
+                f"{where}: refused, it holds more than plain data (tensors, numbers, strings, "
+                f"containers) and unpickling it could run code ({reason.split(' was not')[0]})"
+            ) from None
+        raise InputError(f"{where}: not a readable checkpoint ({reason})") from None
+    except (RuntimeError, EOFError, ValueError, OSError) as e:  # truncated zip: OSError EINVAL
+        raise InputError(f"{where}: not a readable checkpoint ({str(e).strip().splitlines()[0]})") from None
+
+
 def folder_from_checkpoint(path: str | Path) -> DrafterFolder:
     """The drafter of a Lightning checkpoint, without loading the target (the checkpoint says enough)."""
-    ckpt = torch.load(path, weights_only=True, map_location="cpu")
+    ckpt = read_checkpoint_file(path)
     desc = ckpt.get("spec_drafters")
     if desc is None:
         raise ValueError(f"{path}: not a spec-drafters checkpoint (no 'spec_drafters' description)")

@@ -13,10 +13,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-import yaml
 
 from spec_drafters.errors import InputError
-from spec_drafters.export import read_config_json, read_weights
+from spec_drafters.export import read_checkpoint_file, read_config_json, read_weights
 
 # --- reading any drafter artefact ------------------------------------------------------------------
 
@@ -38,7 +37,7 @@ def _weights(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
         return weights, config
     if not path.is_file():
         raise InputError(f"{path}: no such file or folder")
-    ckpt = torch.load(path, weights_only=True, map_location="cpu")
+    ckpt = read_checkpoint_file(path)
     if "state_dict" not in ckpt:
         raise ValueError(f"{path}: neither a drafter folder nor a Lightning checkpoint")
     sd = ckpt["state_dict"]
@@ -257,7 +256,7 @@ def choices(path: str | Path) -> dict:
             "components": folder.meta.get("components", {}),
         }
     else:
-        ckpt = torch.load(path, weights_only=True, map_location="cpu")
+        ckpt = read_checkpoint_file(path)
         desc, hp = ckpt.get("spec_drafters") or {}, ckpt.get("hyper_parameters") or {}
     out: dict = {}
     target = desc.get("target", {})
@@ -470,13 +469,13 @@ def lint_module(module, text_sample: list[str] | None = None) -> list[Finding]:
 
 
 def lint_config(argv: list[str]) -> list[Finding]:
-    from spec_drafters.cli import check_argv_components, load_module
+    from spec_drafters.cli import check_argv_components, load_module, read_config
     from spec_drafters.targets import MaskTokenError
 
     paths = [argv[i + 1] for i, a in enumerate(argv) if a in ("--config", "-c") and i + 1 < len(argv)]
     meta = []
     for p in paths:
-        cfg = yaml.safe_load(Path(p).read_text()) or {}
+        cfg = read_config(p)  # malformed YAML: one line naming the file and line
         target = ((cfg.get("model") or {}).get("target") or {}).get("class_path", "")
         if target.endswith("HFPretrained") and not Path(cfg["model"]["target"]["init_args"]["path"]).is_dir():
             meta = ["--model.target.init_args.meta=true"]  # the weights are not on this machine
@@ -490,7 +489,7 @@ def lint_config(argv: list[str]) -> list[Finding]:
     sample = None
     data_path = None
     for p in paths:
-        data_path = ((yaml.safe_load(Path(p).read_text()) or {}).get("data") or {}).get("path", data_path)
+        data_path = (read_config(p).get("data") or {}).get("path", data_path)
     if data_path and Path(data_path).is_file() and module.tokenizer is not None:
         from spec_drafters.data import read_jsonl
 
