@@ -40,8 +40,9 @@ def read(path: Path) -> list[dict]:
 
 
 def write(path: Path, records: list[dict]) -> None:
-    with gzip.open(path, "wt") as fh:
-        fh.writelines(json.dumps(r) + "\n" for r in records)
+    """Deterministic bytes (no time stamp in the gzip header): the cache checks the file's sha256."""
+    with open(path, "wb") as raw, gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) as fh:
+        fh.write("".join(json.dumps(r) + "\n" for r in records).encode())
 
 
 def stage(out: Path, name: str, fn) -> dict:
