@@ -172,7 +172,20 @@ INTENDED_TAPS = {
     "twins/dflash_v6.yaml": (TWIN_TAPS, TWIN_TAPS),
     "twins/experiment_ddtree.yaml": (TWIN_TAPS, TWIN_TAPS),
 }
-OVERLAYS = {"verify_humaneval.yaml"}  # no model of its own: read over quickstart.yaml
+OVERLAYS = {"verify_humaneval.yaml", "bench_humaneval.yaml"}  # no model of their own: read over another
+
+
+def test_humaneval_benchmark_overlay_decodes_all_164_prompts_with_every_budget():
+    cli = instantiate(
+        "validate",
+        "--config",
+        str(CONFIGS / "quickstart.yaml"),
+        "--config",
+        str(CONFIGS / "bench_humaneval.yaml"),
+    )
+    (callback,) = cli.trainer.callbacks
+    assert callback.prompts.num_prompts == 164 and callback.max_new_tokens == 64
+    assert [v.budget for v in callback.verifiers] == [8, 16, 32, 64] and callback.prompt_lookup_tokens == 7
 
 
 def reference(tmp_path) -> InstantiateOnly:
@@ -216,7 +229,7 @@ def test_every_yaml_is_covered():
     covered |= {"quickstart.yaml", "presets/train_8x_blackwell_fsdp.yaml", "presets/eval_2x_a6000.yaml"}
     covered |= {"presets/cpu_twin.yaml", "verify_humaneval.yaml", "presets/train_multinode_fsdp2.yaml"}
     covered |= {"presets/fsdp2_cpu.yaml"}  # run by tests/test_fsdp2.py
-    covered |= {"reference_smollm2.yaml"}
+    covered |= {"reference_smollm2.yaml", "bench_humaneval.yaml"}
     assert shipped == covered, shipped ^ covered
 
 
