@@ -139,12 +139,21 @@ def test_spec_drafters_and_speculators_layouts_keep_the_mapping_zlab_refuses(voc
 
 
 def test_a_draft_vocabulary_reads_the_head_rows_through_a_packed_head():
-    """Decoding packs the target's linears (kernels.py): the draft head must still find the rows."""
+    """Decoding packs the target's linears (kernels.py): the draft head must still find the rows; its
+    own slice runs packed without gradients and on the plain product (with gradients) in training."""
     from spec_drafters.kernels import PackedLinear
 
     head = torch.nn.Linear(64, 2048, bias=False).requires_grad_(False)  # 131k elements: packable
-    cfg = replace(tiny_drafter(tiny_target()).config, hidden_size=64, draft_vocab_size=3)
+    cfg = replace(tiny_drafter(tiny_target()).config, hidden_size=64, draft_vocab_size=1024)
     drafter = DFlashDrafter(cfg)
-    drafter.draft_ids.copy_(torch.tensor([5, 700, 2047]))
-    hidden = torch.randn(4, 64)
-    torch.testing.assert_close(drafter.logits(hidden, PackedLinear(head)), head(hidden)[:, [5, 700, 2047]])
+    ids = torch.arange(0, 2048, 2)  # 1024 x 64 = 65,536 elements: the slice is packable too
+    drafter.draft_ids.copy_(ids)
+    hidden = torch.randn(4, 64, requires_grad=True)
+    want = head(hidden)[:, ids]
+    with torch.no_grad():
+        torch.testing.assert_close(drafter.logits(hidden, PackedLinear(head)), want, rtol=1e-4, atol=1e-5)
+    assert drafter._head_rows[2] is not None  # the packed copy served it
+    got = drafter.logits(hidden, head)  # training: the plain product, gradients reach the hidden state
+    torch.testing.assert_close(got, want)
+    got.sum().backward()
+    assert hidden.grad is not None and torch.isfinite(hidden.grad).all()

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
 
+from spec_drafters import kernels
 from spec_drafters.attention import get_attention
 from spec_drafters.masks import LayerAttention, inference_mask
 
@@ -259,15 +260,21 @@ class DFlashDrafter(nn.Module):
         """(.., H) -> (.., V) through the target's head, or (.., V_d) over the draft vocabulary.
 
         The (V_d, H) slice of the frozen head is taken once and reused (decoding calls this every
-        round); it is rebuilt when the ids, the device or the dtype change.
+        round); it is rebuilt when the ids, the device or the dtype change. Without gradients
+        (decoding, validation) it runs on a prepacked oneDNN copy where one helps (kernels.py: about
+        a quarter of the stock product's time for 7 x 8192 rows on this project's CPU).
         """
         if self.draft_ids is None:
             return lm_head(hidden)
         w = lm_head.weight
         key = (self.draft_ids.data_ptr(), self.draft_ids._version, w.data_ptr(), w.dtype, w.device)
         if self._head_rows is None or self._head_rows[0] != key:
-            self._head_rows = (key, w.detach().index_select(0, self.draft_ids.to(w.device)))
-        return F.linear(hidden, self._head_rows[1])
+            rows = nn.Linear(w.shape[1], len(self.draft_ids), bias=False, device="meta")
+            rows.weight = nn.Parameter(w.detach().index_select(0, self.draft_ids.to(w.device)), False)
+            packed = kernels.PackedLinear(rows) if kernels.available() and kernels.packable(rows) else None
+            self._head_rows = (key, rows, packed)
+        _, rows, packed = self._head_rows
+        return rows(hidden) if packed is None or torch.is_grad_enabled() else packed(hidden)
 
     def to_target(self, ids: torch.Tensor) -> torch.Tensor:
         """Draft-vocabulary indices -> target token ids (the identity without a draft vocabulary)."""

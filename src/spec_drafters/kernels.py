@@ -66,7 +66,7 @@ def _key(weight: torch.Tensor) -> tuple[int, int]:
     return weight.data_ptr(), weight._version  # a new tensor or an in-place update means repack
 
 
-def _packable(linear: nn.Linear) -> bool:
+def packable(linear: nn.Linear) -> bool:
     w = linear.weight
     return (
         w.device.type == "cpu"
@@ -95,7 +95,7 @@ def packed_linears(*modules: nn.Module, enabled: bool = True) -> Iterator[None]:
                     continue
                 cache = _PACKS.setdefault(parent, {})
                 for name, child in list(parent.named_children()):
-                    if not isinstance(child, nn.Linear) or not _packable(child):
+                    if not isinstance(child, nn.Linear) or not packable(child):
                         continue
                     packed = cache.get(name)
                     if packed is None or packed.linear is not child or packed.key != _key(child.weight):
