@@ -86,7 +86,7 @@ def test_seed_configs_follow_the_seeds_table(seeds):
 
 
 def test_seed_drafter_matches_the_z_lab_reference_size(seeds):
-    """z-lab's Qwen3.6-27B drafter has 1730M parameters (dflash.md section 5), fc [5120, 25600]."""
+    """z-lab's Qwen3.6-27B drafter has 1730M parameters (docs/method.md section 5), fc [5120, 25600]."""
     drafter = seeds["dflash_v6"].model.drafter
     assert drafter.fc.weight.shape == (5120, 25600) and drafter.fc.weight.is_meta
     assert round(sum(p.numel() for p in drafter.parameters()) / 1e6) == 1730

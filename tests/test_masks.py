@@ -1,4 +1,4 @@
-"""The training mask against a dense brute force built directly from the rules (dflash.md 2.4)."""
+"""The training mask against a dense brute force built directly from the rules (docs/method.md 2.4)."""
 
 import pytest
 import torch
@@ -15,7 +15,7 @@ from spec_drafters.masks import (
 
 
 def brute_force_mask(anchors, valid, seq_len, block_size, window=None, causal_block=False):
-    """The rules of dflash.md 2.4, one entry at a time."""
+    """The rules of docs/method.md 2.4, one entry at a time."""
     b, n = anchors.shape
     q_len = n * block_size
     out = torch.zeros((b, 1, q_len, seq_len + q_len), dtype=torch.bool)

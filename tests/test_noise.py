@@ -1,7 +1,7 @@
 """Noise reaches the drafter's fc input only: the labels are bit-identical with and without it.
 
 The seeds' v3 added noise in place to the hidden states that the labels were computed from, so the
-drafter was trained on corrupted targets (dflash.md section 5). Here the label source even reads a
+drafter was trained on corrupted targets (docs/method.md section 5). Here the label source even reads a
 layer that also feeds fc (v3's "61 also feeding the labels"), and the labels must not move.
 """
 

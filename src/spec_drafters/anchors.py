@@ -1,7 +1,7 @@
 """Anchors and blocks (component kind ``anchors``).
 
 Per sequence, up to N anchor positions are drawn uniformly without replacement among eligible
-positions, re-drawn every step, sorted (dflash.md section 2.2). Block j is
+positions, re-drawn every step, sorted (docs/method.md section 2.2). Block j is
 ``[token at p_j, MASK x (K-1)]`` at positions ``p_j .. p_j + K - 1``; slot k is trained on the label of
 position ``p_j + k`` where that position exists and is supervised.
 

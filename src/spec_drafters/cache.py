@@ -3,7 +3,7 @@
 Per training record the cache keeps the tokens, the loss mask, the tapped features that feed ``fc``
 (n*H per token) and, for logit-based label sources, the hidden state the labels are read from (H per
 token, already through the final norm) instead of vocabulary-wide logits: labels are recomputed from
-it with the frozen head at train time (dflash.md section 6: caches of many TB came from storing logits).
+it with the frozen head at train time (docs/method.md section 6: caches of many TB came from storing logits).
 
 Hard labels are computed once at build time and stored as token ids (``labels``, -1 where no
 label exists): a hard loss then never runs the vocabulary head over every position of every step,

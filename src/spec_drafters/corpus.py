@@ -9,7 +9,7 @@ Why this corpus (README, "Training data"):
   a function name or a 10-word shingle with a HumanEval prompt, and a test checks the shipped file.
 - The responses are the target's own greedy continuations, so the data is what the target would
   say; training labels are then taken from the target's next-token predictions on this text
-  (dflash.md section 2: regenerated responses; labels from the target).
+  (docs/method.md section 2: regenerated responses; labels from the target).
 
 ``spec-drafters corpus`` regenerates ``data/stdlib_smollm2.jsonl.gz`` (about 15 minutes on 2 cores).
 """

@@ -1,6 +1,6 @@
 """Real decoding: plain greedy, and greedy speculative decoding with a DFlash drafter (batch size 1).
 
-One round of speculative decoding (dflash.md sections 3 and 4):
+One round of speculative decoding (docs/method.md sections 3 and 4):
   1. the drafter reads the committed context (its cache) and the block [bonus, MASK x (K-1)] at
      positions start..start+K-1 and gives per-slot logits; the verifier turns them into a draft tree
      (the greedy chain is a tree whose nodes each have one child; DDTree keeps the B most probable

@@ -356,7 +356,7 @@ class ContextCache:
     """The drafter's inference cache: context keys/values only, grown by the committed positions.
 
     Block tokens are never cached: every draft pass recomputes its K tokens against the context, which
-    is what the training mask reproduces (dflash.md section 3: the cache is cropped back after drafting).
+    is what the training mask reproduces (docs/method.md section 3: the cache is cropped back after drafting).
     """
 
     def __init__(self, drafter: DFlashDrafter):

@@ -9,7 +9,7 @@ Layouts (the weights' keys are the same in all three: ``layers.{i}.*``, ``fc.wei
   ``num_target_layers``, ``dflash_config.{mask_token_id, target_layer_ids}``, ``layer_types``,
   ``sliding_window``). Its layer ids are this project's (0-based decoder-layer outputs).
 - ``speculators``: vllm-project/speculators' ``DFlashSpeculatorConfig``; its
-  ``aux_hidden_state_layer_ids`` are ours + 1 (dflash.md section 1) and exclude the target's last layer,
+  ``aux_hidden_state_layer_ids`` are ours + 1 (docs/method.md section 1) and exclude the target's last layer,
   which speculators keeps for the verifier only; sliding-window layers are causal inside the block
   unless ``sliding_window_non_causal``.
 

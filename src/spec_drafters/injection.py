@@ -1,7 +1,7 @@
 """Injection (component kind ``injection``): which target layers are tapped and which of them feed ``fc``.
 
 Layer ids follow this project's convention (0-based decoder-layer outputs, z-lab's; see target.py).
-The seeds lost weeks to this choice (dflash.md section 5): v5 fed ``fc`` 4 of its 5 tapped layers
+The seeds lost weeks to this choice (docs/method.md section 5): v5 fed ``fc`` 4 of its 5 tapped layers
 (``all_but_last``, the last one kept for the labels only), v6 fed all 5 (``all_taps``) and converged
 5x faster. Here the ``fc`` inputs are a named, listed, checked choice, recorded in every checkpoint.
 
@@ -23,7 +23,7 @@ FLAG = "--model.injection.init_args"
 
 
 def zlab_layer_ids(num_layers: int, num_taps: int) -> list[int]:
-    """z-lab's default spread of ``num_taps`` taps over ``num_layers`` (dflash.md section 1).
+    """z-lab's default spread of ``num_taps`` taps over ``num_layers`` (docs/method.md section 1).
 
     ``round`` is Python's (ties to even), as in the reference: L=64, m=5 -> [1, 16, 31, 46, 61].
     """

@@ -7,7 +7,7 @@ total under ``"loss"`` and its parts under other keys (logged as ``train/<part>`
 - ``hard_ce``: cross-entropy to hard labels.
 - ``soft_kl``: forward KL(target || drafter) at a temperature.
 - ``ce_kl_blend``: CE + alpha * KL (the seeds' v3 and experiment-ddtree used alpha = 0.15).
-- ``cap``: wraps any loss and adds CAP, an auxiliary confidence head (dflash.md section 5).
+- ``cap``: wraps any loss and adds CAP, an auxiliary confidence head (docs/method.md section 5).
 
 Every per-slot term is weighted by w_k = exp(-(k - 1) / gamma) (or uniformly with gamma null) and
 normalised by the sum of the weights (SpecForge; speculators divides by the count, a constant apart).
@@ -273,7 +273,7 @@ def accepted_indicator(hit: torch.Tensor, supervised: torch.Tensor):
 
 @register("loss", "cap")
 class CAP(DraftLoss):
-    """CAP: a main loss plus an auxiliary confidence head and its BCE (dflash.md section 5).
+    """CAP: a main loss plus an auxiliary confidence head and its BCE (docs/method.md section 5).
 
     The head reads the drafter's final hidden state of each slot and predicts the probability that
     the slot is accepted in the teacher-forced chain (all slots 1..k match the labels). Its target is

@@ -1,6 +1,6 @@
 """The drafter's attention masks, built from small predicates (component kind ``mask``).
 
-Training layout (dflash.md section 2.4): queries are the N*K block tokens, keys are
+Training layout (docs/method.md section 2.4): queries are the N*K block tokens, keys are
 ``[context positions 0..S-1 | all N*K block tokens]``. Query (j, k) of the block anchored at p_j, at
 position q = p_j + k, may see
 - context key t iff t < p_j: strictly before the anchor, because at inference the anchor is the bonus

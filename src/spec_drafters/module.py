@@ -1,6 +1,6 @@
 """The LightningModule: wires the frozen target, the drafter and the chosen components together.
 
-One training step (dflash.md section 2): run the target over the batch (teacher forcing), take the
+One training step (docs/method.md section 2): run the target over the batch (teacher forcing), take the
 tapped features and the labels from the target source, sample anchors, build blocks and the mask,
 run the drafter, and apply the loss to the supervised slots only.
 

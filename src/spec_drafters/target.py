@@ -1,6 +1,6 @@
 """The frozen target: any HuggingFace causal LM, tapped at chosen decoder-layer outputs.
 
-Layer-id convention (dflash.md section 1, z-lab's): id ``i`` is the 0-based index of the decoder layer
+Layer-id convention (docs/method.md section 1, z-lab's): id ``i`` is the 0-based index of the decoder layer
 whose *output* is tapped, i.e. HuggingFace ``output_hidden_states[i + 1]`` for ``i < L - 1``.
 vLLM/speculators number one higher. We read the layer outputs with forward hooks rather than through
 ``output_hidden_states`` because HuggingFace replaces the last entry with the *normed* final state,

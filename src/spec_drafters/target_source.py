@@ -1,7 +1,7 @@
 """Target sources (component kind ``target_source``): where the training labels come from.
 
 The label of position t is the token the target says comes at t. Block slot k of the anchor at p is
-trained on the label of position p + k (dflash.md section 2.5). A source that reads logits serves
+trained on the label of position p + k (docs/method.md section 2.5). A source that reads logits serves
 them hard (argmax, for cross-entropy) and soft (the distribution, for KL losses); both come from the
 same hidden state, so a hard and a soft loss never train on two different targets.
 

@@ -83,7 +83,7 @@ class TextTokenizer:
     """The two calls this project needs from a tokenizer, with special tokens never parsed from text.
 
     ``split_special_tokens`` matters: the drafter's mask token is a special token, and a literal
-    ``<empty_output>`` in a document must not turn into it (dflash.md section 2, mask token).
+    ``<empty_output>`` in a document must not turn into it (docs/method.md section 2, mask token).
     """
 
     def __init__(self, hf_tokenizer):

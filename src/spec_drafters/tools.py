@@ -356,7 +356,7 @@ class Finding:
 
 
 def lint_module(module, text_sample: list[str] | None = None) -> list[Finding]:
-    """Known pitfalls of an instantiated DFlashModule (dflash.md sections 1-2, 5)."""
+    """Known pitfalls of an instantiated DFlashModule (docs/method.md sections 1-2, 5)."""
     from spec_drafters.injection import zlab_layer_ids
     from spec_drafters.target_source import DatasetTokens, LayerLogits, ModelOutput
 
