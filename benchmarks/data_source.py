@@ -77,10 +77,7 @@ def generation_speed(records: list[dict], n: int) -> dict:
     }
 
 
-def count_tokens(records: list[dict]) -> int:
-    from spec_drafters.targets import EmbeddedSmolLM2
-
-    tok = EmbeddedSmolLM2().load().tokenizer
+def count_tokens(records: list[dict], tok) -> int:
     return sum(len(tok.encode(r.get("text") or r["prompt"] + r["response"])) for r in records)
 
 
@@ -179,19 +176,19 @@ def main() -> None:
     write(out / "val.jsonl.gz", [r for r in records if r["split"] == "val"])
     write(out / "answers.jsonl.gz", train)
     gen = stage(out, "generation", lambda: generation_speed(train, args.sample))
-    sizes = stage(out, "sizes", lambda: {"answers_tokens": count_tokens(train)})
+    from spec_drafters.targets import EmbeddedSmolLM2
+
+    tok = EmbeddedSmolLM2().load().tokenizer  # one tokenizer for every count below
+    sizes = stage(out, "sizes", lambda: {"answers_tokens": count_tokens(train, tok)})
     common = ["--config", str(CONFIG)]
     a = arm(out, "answers", out / "answers.jsonl.gz", out / "val.jsonl.gz", args.steps, common)
     # Equal data CPU: the answers' generation + cache time buys this many source tokens at the
     # answers' cache speed (one target forward per token either way).
     answer_tokens = sizes["answers_tokens"]
-    gen_s = gen["s_per_token"] * answer_tokens_generated(train)
+    gen_s = gen["s_per_token"] * answer_tokens_generated(train, tok)
     budget_tokens = int(answer_tokens * (gen_s + a["cache_s"]) / a["cache_s"])
     windows = [r for r in read(args.source) if r["split"] == "train"]
     chosen, total = [], 0
-    from spec_drafters.targets import EmbeddedSmolLM2
-
-    tok = EmbeddedSmolLM2().load().tokenizer
     for r in windows:
         if total >= budget_tokens:
             break
@@ -227,11 +224,8 @@ def main() -> None:
     )
 
 
-def answer_tokens_generated(train: list[dict]) -> int:
+def answer_tokens_generated(train: list[dict], tok) -> int:
     """Tokens the target generated for the answers arm (its responses, one end-of-text token each)."""
-    from spec_drafters.targets import EmbeddedSmolLM2
-
-    tok = EmbeddedSmolLM2().load().tokenizer
     return sum(len(tok.encode(r["response"])) + 1 for r in train)
 
 

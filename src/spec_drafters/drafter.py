@@ -253,7 +253,8 @@ class DFlashDrafter(nn.Module):
             self.draft_ids = None
         else:
             self.register_buffer("draft_ids", torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
-        self._head_rows: tuple | None = None  # (key, (V_d, H) rows of the target head), built lazily
+        self._head_rows: tuple | None = None  # (key, the head's V_d rows, their packed copy), lazily
+        self._to_draft: tuple | None = None  # (key, (V,) target id -> draft index or -1), lazily
         self.reset_parameters()
 
     def logits(self, hidden: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
@@ -284,9 +285,12 @@ class DFlashDrafter(nn.Module):
         """Target token ids -> draft-vocabulary indices, -1 for tokens outside it."""
         if self.draft_ids is None:
             return tokens
-        index = torch.full((vocab_size,), -1, dtype=torch.long, device=self.draft_ids.device)
-        index[self.draft_ids] = torch.arange(len(self.draft_ids), device=self.draft_ids.device)
-        return index.to(tokens.device)[tokens]
+        key = (self.draft_ids.data_ptr(), self.draft_ids._version, vocab_size, tokens.device)
+        if self._to_draft is None or self._to_draft[0] != key:  # built once, not every training step
+            index = torch.full((vocab_size,), -1, dtype=torch.long, device=self.draft_ids.device)
+            index[self.draft_ids] = torch.arange(len(self.draft_ids), device=self.draft_ids.device)
+            self._to_draft = (key, index.to(tokens.device))
+        return self._to_draft[1][tokens]
 
     def reset_parameters(self) -> None:
         for m in self.modules():
