@@ -1,0 +1,65 @@
+"""Checkpoints and drafter folders written by an earlier main (tests/fixtures/main_b8dab2d, made
+before the package was split into layers) still load, validate to the same numbers and export to
+the same tensors."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from spec_drafters.cli import main
+
+FIX = Path("tests/fixtures/main_b8dab2d")
+TINY = "tests/configs/tiny.yaml"
+RUNS = [("tiny.ckpt", "validate.json", []), ("tiny_vocab64.ckpt", "validate_vocab64.json", [])]
+
+
+@pytest.mark.parametrize(("ckpt", "expected", "extra"), RUNS)
+def test_old_checkpoint_validates_to_the_recorded_numbers(tmp_path, ckpt, expected, extra):
+    out = tmp_path / "now.json"
+    main(["validate", "--config", TINY, "--ckpt_path", str(FIX / ckpt), "--results", str(out), *extra])
+    then = json.loads((FIX / expected).read_text())["metrics"]
+    now = json.loads(out.read_text())["metrics"]
+    assert set(then) <= set(now)
+    for key, value in then.items():
+        assert now[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+
+
+@pytest.mark.parametrize(
+    ("ckpt", "folder", "layout"),
+    [
+        ("tiny.ckpt", "folder", "spec_drafters"),
+        ("tiny.ckpt", "folder_speculators", "speculators"),
+        ("tiny_vocab64.ckpt", "folder_vocab64_speculators", "speculators"),
+    ],
+)
+def test_old_checkpoint_exports_to_the_old_folder(tmp_path, ckpt, folder, layout):
+    main(["export", str(FIX / ckpt), "--out", str(tmp_path / "f"), "--layout", layout])
+    then = load_file(FIX / folder / "model.safetensors")
+    now = load_file(tmp_path / "f" / "model.safetensors")
+    assert then.keys() == now.keys()
+    for key in then:
+        assert torch.equal(then[key], now[key]), key
+    assert json.loads((FIX / folder / "config.json").read_text()) == json.loads(
+        (tmp_path / "f" / "config.json").read_text()
+    )
+
+
+@pytest.mark.parametrize("folder", ["folder", "folder_speculators", "folder_vocab64_speculators"])
+def test_old_folder_starts_a_drafter(tmp_path, folder):
+    """init_from reads the old folder; a 0-step validate gives the checkpoint's numbers."""
+    ckpt = "tiny_vocab64.ckpt" if "vocab64" in folder else "tiny.ckpt"
+    expected = "validate_vocab64.json" if "vocab64" in folder else "validate.json"
+    extra = []
+    if "vocab64" in folder:
+        counts = str(FIX / "counts.json")
+        extra = ["--model.draft_vocab", "FrequentTokens", "--model.draft_vocab.counts", counts]
+        extra += ["--model.draft_vocab.size", "64"]
+    out = tmp_path / "now.json"
+    main(["validate", "--config", TINY, "--model.init_from", str(FIX / folder), *extra, "--results", str(out)])
+    then = json.loads((FIX / expected).read_text())["metrics"]
+    now = json.loads(out.read_text())["metrics"]
+    for key in ("val/loss", "val/tau", "val/acc"):
+        assert now[key] == pytest.approx(then[key], rel=1e-5, abs=1e-6), (ckpt, key)
