@@ -42,7 +42,7 @@ def matmul_peak(repeats: int) -> float:
 
 
 def build(records: int, draft_vocab: Path | None):
-    from spec_drafters.cli import load_module
+    from spec_drafters.cli.main import load_module
 
     args = [
         "--config",
@@ -88,9 +88,9 @@ def main() -> None:
     import logging
 
     logging.getLogger("lightning").setLevel(logging.ERROR)
-    from spec_drafters.cache import CachedRecords, build_cache, collate_cached
-    from spec_drafters.data import collate
-    from spec_drafters.vocab import count_labels
+    from spec_drafters.data.feature_cache import CachedRecords, build_cache, collate_cached
+    from spec_drafters.data.records import collate
+    from spec_drafters.model.vocab import count_labels
 
     tmp = Path(tempfile.mkdtemp(prefix="cache_throughput_"))
     module, data = build(args.records, None)

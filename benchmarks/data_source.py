@@ -31,7 +31,7 @@ CONFIG = ROOT / "configs" / "reference_smollm2.yaml"
 
 
 def spec_drafters(*args: str) -> None:
-    subprocess.run([sys.executable, "-m", "spec_drafters.cli", *args], check=True, cwd=ROOT)
+    subprocess.run([sys.executable, "-m", "spec_drafters.cli.main", *args], check=True, cwd=ROOT)
 
 
 def read(path: Path) -> list[dict]:
@@ -61,8 +61,8 @@ def generation_speed(records: list[dict], n: int) -> dict:
     """Seconds per generated token when the target answers ``n`` of these prompts (batch 16)."""
     import torch
 
-    from spec_drafters.corpus import answer_batch
-    from spec_drafters.targets import EmbeddedSmolLM2
+    from spec_drafters.data.corpus import answer_batch
+    from spec_drafters.target.loaders import EmbeddedSmolLM2
 
     target = EmbeddedSmolLM2().load()
     t0 = time.perf_counter()
@@ -176,7 +176,7 @@ def main() -> None:
     write(out / "val.jsonl.gz", [r for r in records if r["split"] == "val"])
     write(out / "answers.jsonl.gz", train)
     gen = stage(out, "generation", lambda: generation_speed(train, args.sample))
-    from spec_drafters.targets import EmbeddedSmolLM2
+    from spec_drafters.target.loaders import EmbeddedSmolLM2
 
     tok = EmbeddedSmolLM2().load().tokenizer  # one tokenizer for every count below
     sizes = stage(out, "sizes", lambda: {"answers_tokens": count_tokens(train, tok)})

@@ -12,7 +12,7 @@ import argparse
 import torch
 
 from common import record, timed
-from spec_drafters.verifiers import DDTree, build_tree
+from spec_drafters.decode.verifiers import DDTree, build_tree
 
 
 def main() -> None:

@@ -43,7 +43,7 @@ def main() -> None:
     cmd = [
         sys.executable,
         "-m",
-        "spec_drafters.cli",
+        "spec_drafters.cli.main",
         "validate",
         "--config",
         args.config,

@@ -3,15 +3,15 @@
 Every cost is a ratio to one greedy step as ``greedy_generate`` takes it (the target's forward of one
 token with its KV cache, the head, the argmax), measured in the same run, with the alternatives
 interleaved and medians taken. Two kernel settings are compared side by side: ``plain`` (stock
-``nn.Linear``, MKL) and ``packed`` (oneDNN with prepacked weights, ``decoding.packed_linears``, the
+``nn.Linear``, MKL) and ``packed`` (oneDNN with prepacked weights, ``generate.packed_linears``, the
 default); each ratio is to the greedy step of its own setting, and the ``packed`` column's
 ``greedy_step_vs_plain`` says how much faster the step itself became.
 
 Rows: the target's forward over T new tokens (head included); the drafter's pass split into its
 layers and the head over the K-1 draft slots (argmax; a full softmax for comparison; a simulated
 draft vocabulary of V_d rows); the drafter context update; the DDTree build and the verify of its
-B-node tree; whole rounds (``decoding.speculative_round``, the loop body of ``speculative_generate``;
-the greedy step is ``decoding.greedy_step``, greedy_generate's), and the Python overhead (round
+B-node tree; whole rounds (``generate.speculative_round``, the loop body of ``speculative_generate``;
+the greedy step is ``generate.greedy_step``, greedy_generate's), and the Python overhead (round
 minus its parts). The drafter is untrained (cost does not depend on its weights) and shaped like
 configs/quickstart.yaml's (2 layers, K = 8, 5 taps [1, 8, 14, 20, 27]); ``--ckpt`` takes an exported
 drafter folder instead.
@@ -30,15 +30,15 @@ import time
 import torch
 
 from common import record
-from spec_drafters import decoding
-from spec_drafters.decoding import _positions, new_cache, tree_attention_mask
-from spec_drafters.drafter import ContextCache, DFlashDrafter, DrafterConfig
-from spec_drafters.kernels import PackedLinear, packed_linears
-from spec_drafters.masks import DFlashBlockMask
-from spec_drafters.prompts import HumanEvalPrompts
-from spec_drafters.target import FrozenTarget, crop_cache
-from spec_drafters.targets import EmbeddedSmolLM2
-from spec_drafters.verifiers import DDTree, GreedyChain
+from spec_drafters.data.prompts import HumanEvalPrompts
+from spec_drafters.decode import generate
+from spec_drafters.decode.generate import _positions, new_cache, tree_attention_mask
+from spec_drafters.decode.verifiers import DDTree, GreedyChain
+from spec_drafters.model.drafter import ContextCache, DFlashDrafter, DrafterConfig
+from spec_drafters.model.kernels import PackedLinear, packed_linears
+from spec_drafters.model.masks import DFlashBlockMask
+from spec_drafters.target.frozen import FrozenTarget, crop_cache
+from spec_drafters.target.loaders import EmbeddedSmolLM2
 
 TAPS = [1, 8, 14, 20, 27]
 SETTINGS = ("plain", "packed")
@@ -48,7 +48,7 @@ def build(args):
     loaded = EmbeddedSmolLM2().load()
     target = FrozenTarget(loaded.model, TAPS)
     if args.ckpt:
-        from spec_drafters.export import read_folder
+        from spec_drafters.artefacts.folders import read_folder
 
         folder = read_folder(args.ckpt, num_target_layers=target.num_layers)
         drafter, fc_ids = folder.drafter.eval(), folder.fc_ids
@@ -60,7 +60,7 @@ def build(args):
         drafter, fc_ids = DFlashDrafter(cfg).eval(), TAPS
     # ~200 tokens of context: a HumanEval prompt followed by the target's own greedy continuation.
     prompt = loaded.tokenizer.encode(HumanEvalPrompts(1).prompts()[0])
-    more = decoding.greedy_generate(target, prompt, max(1, args.context - len(prompt)), eos_ids=[])
+    more = generate.greedy_generate(target, prompt, max(1, args.context - len(prompt)), eos_ids=[])
     context = (prompt + more.tokens)[: args.context]
     return target, drafter, fc_ids, context
 
@@ -104,14 +104,14 @@ def run(args) -> None:
         return o, r
 
     def greedy_step():  # greedy_generate's loop body
-        decoding.greedy_step(target, cache, bonus, c)
+        generate.greedy_step(target, cache, bonus, c)
         crop_cache(cache, c)
 
     def round_of(verifier):  # speculative_generate's loop body; only the round itself is timed
         def go():
             saved = (context.kv, context.length)
             t0 = time.perf_counter()
-            decoding.speculative_round(target, drafter, fc_ids, verifier, cache, context, bonus, c, depth)
+            generate.speculative_round(target, drafter, fc_ids, verifier, cache, context, bonus, c, depth)
             dt = time.perf_counter() - t0
             crop_cache(cache, c)
             context.kv, context.length = saved

@@ -27,7 +27,7 @@ TWINS = ["dflash_v3", "dflash_v5", "dflash_v6", "experiment_ddtree"]
 
 
 def spec_drafters(*args: str) -> None:
-    subprocess.run([sys.executable, "-m", "spec_drafters.cli", *args], check=True, cwd=ROOT)
+    subprocess.run([sys.executable, "-m", "spec_drafters.cli.main", *args], check=True, cwd=ROOT)
 
 
 def run_twin(name: str, steps: int, out_dir: Path, checkpoint: str | None) -> dict:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from spec_drafters.drafter import DFlashDrafter, DrafterConfig
+from spec_drafters.model.drafter import DFlashDrafter, DrafterConfig
 from spec_drafters.registry import load_components
-from spec_drafters.target import FrozenTarget
-from spec_drafters.targets import TinyRandom
+from spec_drafters.target.frozen import FrozenTarget
+from spec_drafters.target.loaders import TinyRandom
 
 load_components()
 torch.set_num_threads(2)

@@ -4,7 +4,7 @@ import logging
 
 import pytest
 
-from spec_drafters.cli import main
+from spec_drafters.cli.main import main
 
 TINY = ["fit", "--config", "tests/configs/tiny.yaml", "--trainer.max_steps", "1", "--trainer.logger", "false"]
 

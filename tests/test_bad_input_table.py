@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from spec_drafters.cli import main
+from spec_drafters.cli.main import main
 
 TINY = "tests/configs/tiny.yaml"
 FIT = ["fit", "--config", TINY, "--trainer.max_steps", "1", "--trainer.logger", "false"]
@@ -38,8 +38,8 @@ class Made:
 
     @functools.cached_property
     def drafter(self) -> Path:
-        from spec_drafters.cli import load_module
-        from spec_drafters.export import folder_from_module, write_folder
+        from spec_drafters.artefacts.folders import folder_from_module, write_folder
+        from spec_drafters.cli.main import load_module
 
         module = load_module(["--config", TINY], quiet=True)
         return write_folder(folder_from_module(module), self.root / "drafter")

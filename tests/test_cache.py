@@ -8,15 +8,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from spec_drafters.anchors import UniformAnchors
-from spec_drafters.cache import CachedRecords, build_cache, collate_cached, run_meta
-from spec_drafters.data import TextDataModule, collate
-from spec_drafters.drafter import DrafterConfig
-from spec_drafters.injection import AllButLast
-from spec_drafters.losses import CEKLBlend
-from spec_drafters.module import DFlashModule
-from spec_drafters.target_source import LayerLogits
-from spec_drafters.targets import TinyRandom
+from spec_drafters.data.feature_cache import CachedRecords, build_cache, collate_cached, run_meta
+from spec_drafters.data.records import TextDataModule, collate
+from spec_drafters.lightning.module import DFlashModule
+from spec_drafters.model.drafter import DrafterConfig
+from spec_drafters.target.injection import AllButLast
+from spec_drafters.target.labels import LayerLogits
+from spec_drafters.target.loaders import TinyRandom
+from spec_drafters.train.anchors import UniformAnchors
+from spec_drafters.train.losses import CEKLBlend
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +173,7 @@ def test_tokenizer_identity_is_its_vocabulary_not_its_folder():
     from tokenizers.models import WordLevel
     from transformers import PreTrainedTokenizerFast
 
-    from spec_drafters.targets import TextTokenizer
+    from spec_drafters.target.loaders import TextTokenizer
 
     def tok(vocab):
         return TextTokenizer(PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel(vocab, "u"))))

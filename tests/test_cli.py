@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from spec_drafters.cli import main
+from spec_drafters.cli.main import main
 
 TINY = "tests/configs/tiny.yaml"
 
@@ -133,7 +133,7 @@ def test_class_path_and_registry_name_both_select_components(tmp_path):
         "--trainer.max_steps",
         "2",
         "--model.injection.class_path",
-        "spec_drafters.injection.ExplicitTaps",
+        "spec_drafters.target.injection.ExplicitTaps",
         "--model.injection.init_args.layer_ids",
         "[0, 4, 5]",
     )
@@ -147,7 +147,7 @@ def test_registry_lists_every_kind_with_names_paths_and_parameters(capsys):
     for kind in ("target", "injection", "target_source", "loss", "mask", "attention", "anchors", "verifier"):
         assert listing[kind], kind
     names = {kind: {e["name"]: e for e in items} for kind, items in listing.items()}
-    assert names["injection"]["zlab_taps"]["class_path"] == "spec_drafters.injection.ZLabTaps"
+    assert names["injection"]["zlab_taps"]["class_path"] == "spec_drafters.target.injection.ZLabTaps"
     assert "num_taps: int = 5" in names["injection"]["zlab_taps"]["parameters"]
     assert {"eager", "sdpa"} <= names["attention"].keys()
     main(["registry"])

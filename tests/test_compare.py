@@ -5,9 +5,9 @@ import json
 from pathlib import Path
 
 from conftest import tiny_drafter, tiny_target
-from spec_drafters.cli import main
-from spec_drafters.export import DrafterFolder, write_folder
-from spec_drafters.tools import distinct_labels
+from spec_drafters.artefacts.folders import DrafterFolder, write_folder
+from spec_drafters.artefacts.tools import distinct_labels
+from spec_drafters.cli.main import main
 
 
 def test_labels_are_the_shortest_distinguishing_tails():

@@ -14,12 +14,12 @@ import typing
 import pytest
 import yaml
 
-from spec_drafters.cli import SpecDraftersCLI, check_argv_components, load_module, main
-from spec_drafters.data import TextDataModule
-from spec_drafters.injection import AllTaps
-from spec_drafters.module import DFlashModule
+from spec_drafters.artefacts.tools import lint_config
+from spec_drafters.cli.main import SpecDraftersCLI, check_argv_components, load_module, main
+from spec_drafters.data.records import TextDataModule
+from spec_drafters.lightning.module import DFlashModule
 from spec_drafters.registry import component_class, entries
-from spec_drafters.tools import lint_config
+from spec_drafters.target.injection import AllTaps
 
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")  # args given on purpose
 
@@ -170,7 +170,7 @@ def test_the_minimal_case_lints_without_errors(tmp_path, capsys):
 
 def test_the_module_default_is_the_card_default_with_nothing_set(tmp_path):
     assert parsed_model(tmp_path, {})["injection"] == {
-        "class_path": "spec_drafters.injection.AllTaps",
+        "class_path": "spec_drafters.target.injection.AllTaps",
         "init_args": {"layer_ids": None, "num_taps": None},
     }
 

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from spec_drafters.cli import SpecDraftersCLI, check_argv_components
-from spec_drafters.data import TextDataModule
-from spec_drafters.injection import AllButLast, AllTaps
-from spec_drafters.module import DFlashModule
+from spec_drafters.cli.main import SpecDraftersCLI, check_argv_components
+from spec_drafters.data.records import TextDataModule
+from spec_drafters.lightning.module import DFlashModule
+from spec_drafters.target.injection import AllButLast, AllTaps
 
 CONFIGS = Path(__file__).resolve().parent.parent / "configs"
 SEEDS = ["dflash_v3", "dflash_v5", "dflash_v6", "ddtree_v6", "experiment_ddtree"]

@@ -5,9 +5,9 @@ import json
 
 import pytest
 
-from spec_drafters.corpus import humaneval_overlap
-from spec_drafters.data import collate, read_jsonl, tokenize
-from spec_drafters.targets import ByteTokenizer
+from spec_drafters.data.corpus import humaneval_overlap
+from spec_drafters.data.records import collate, read_jsonl, tokenize
+from spec_drafters.target.loaders import ByteTokenizer
 
 CORPUS = "data/stdlib_smollm2.jsonl.gz"
 
@@ -48,7 +48,7 @@ def test_shipped_corpus_is_disjoint_from_humaneval_and_split():
 
 
 def test_prompt_files_name_the_bad_line(tmp_path):
-    from spec_drafters.prompts import JsonlPrompts
+    from spec_drafters.data.prompts import JsonlPrompts
 
     good = tmp_path / "p.jsonl"
     good.write_text('{"prompt": "a"}\n\n{"text": "b"}\n{"prompt": "c"}\n')

@@ -7,13 +7,13 @@ import json
 import pytest
 import torch
 
-from spec_drafters.corpus import humaneval_problems
-from spec_drafters.decoding import greedy_generate, speculative_generate
-from spec_drafters.drafter import DFlashDrafter, DrafterConfig
-from spec_drafters.injection import zlab_layer_ids
-from spec_drafters.target import FrozenTarget
-from spec_drafters.targets import EmbeddedSmolLM2
-from spec_drafters.verifiers import DDTree, GreedyChain
+from spec_drafters.data.corpus import humaneval_problems
+from spec_drafters.decode.generate import greedy_generate, speculative_generate
+from spec_drafters.decode.verifiers import DDTree, GreedyChain
+from spec_drafters.model.drafter import DFlashDrafter, DrafterConfig
+from spec_drafters.target.frozen import FrozenTarget
+from spec_drafters.target.injection import zlab_layer_ids
+from spec_drafters.target.loaders import EmbeddedSmolLM2
 
 pytestmark = pytest.mark.slow
 TAPS = zlab_layer_ids(30, 5)

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from conftest import tiny_drafter, tiny_target
-from spec_drafters.export import DrafterFolder, build_drafter, read_folder, write_folder
-from spec_drafters.masks import SlidingWindowMask
+from spec_drafters.artefacts.folders import DrafterFolder, build_drafter, read_folder, write_folder
+from spec_drafters.model.masks import SlidingWindowMask
 
 FC = [1, 2, 3]
 
@@ -105,8 +105,8 @@ def test_zlab_folder_gives_the_same_block_logits_as_zlab_model_code(tmp_path):
 
 def test_checkpoint_export_reimport_and_side_by_side_validation(tmp_path, capsys):
     """fit -> drafter folder (ExportDrafter) and z-lab export -> validate all of them on the same data."""
-    from spec_drafters.cli import main
-    from spec_drafters.tools import diff
+    from spec_drafters.artefacts.tools import diff
+    from spec_drafters.cli.main import main
 
     tiny = ["--config", "tests/configs/tiny.yaml", "--trainer.logger", "false"]
     main(

@@ -7,10 +7,10 @@ import torch
 from torch import nn
 
 from conftest import tiny_drafter, tiny_target
-from spec_drafters import kernels
-from spec_drafters.decoding import greedy_generate, speculative_generate
-from spec_drafters.kernels import PackedLinear, packed_linears
-from spec_drafters.verifiers import DDTree, GreedyChain
+from spec_drafters.decode.generate import greedy_generate, speculative_generate
+from spec_drafters.decode.verifiers import DDTree, GreedyChain
+from spec_drafters.model import kernels
+from spec_drafters.model.kernels import PackedLinear, packed_linears
 
 pytestmark = pytest.mark.skipif(not kernels.available(), reason="torch built without oneDNN")
 FC = [1, 2, 3]
@@ -89,11 +89,11 @@ def test_packed_decoding_gives_the_plain_tokens_on_a_float32_target(architecture
 
 @pytest.mark.slow
 def test_packed_decoding_on_the_embedded_target_gives_the_plain_tokens():
-    from spec_drafters.drafter import DFlashDrafter, DrafterConfig
-    from spec_drafters.masks import DFlashBlockMask
-    from spec_drafters.prompts import HumanEvalPrompts
-    from spec_drafters.target import FrozenTarget
-    from spec_drafters.targets import EmbeddedSmolLM2
+    from spec_drafters.data.prompts import HumanEvalPrompts
+    from spec_drafters.model.drafter import DFlashDrafter, DrafterConfig
+    from spec_drafters.model.masks import DFlashBlockMask
+    from spec_drafters.target.frozen import FrozenTarget
+    from spec_drafters.target.loaders import EmbeddedSmolLM2
 
     taps = [1, 8, 14, 20, 27]
     loaded = EmbeddedSmolLM2().load()

@@ -5,8 +5,16 @@ import math
 import pytest
 import torch
 
-from spec_drafters.anchors import block_labels, build_blocks
-from spec_drafters.losses import CAP, CEKLBlend, HardCE, SlotBatch, SoftKL, accepted_indicator, slot_weights
+from spec_drafters.train.anchors import block_labels, build_blocks
+from spec_drafters.train.losses import (
+    CAP,
+    CEKLBlend,
+    HardCE,
+    SlotBatch,
+    SoftKL,
+    accepted_indicator,
+    slot_weights,
+)
 
 
 def slot_batch(logits, labels, slots, target_logits=None, supervised=None, hidden=None):

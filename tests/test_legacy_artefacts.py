@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from spec_drafters.cli import main
+from spec_drafters.cli.main import main
 
 FIX = Path("tests/fixtures/main_b8dab2d")
 TINY = "tests/configs/tiny.yaml"
@@ -58,7 +58,9 @@ def test_old_folder_starts_a_drafter(tmp_path, folder):
         extra = ["--model.draft_vocab", "FrequentTokens", "--model.draft_vocab.counts", counts]
         extra += ["--model.draft_vocab.size", "64"]
     out = tmp_path / "now.json"
-    main(["validate", "--config", TINY, "--model.init_from", str(FIX / folder), *extra, "--results", str(out)])
+    main(
+        ["validate", "--config", TINY, "--model.init_from", str(FIX / folder), *extra, "--results", str(out)]
+    )
     then = json.loads((FIX / expected).read_text())["metrics"]
     now = json.loads(out.read_text())["metrics"]
     for key in ("val/loss", "val/tau", "val/acc"):

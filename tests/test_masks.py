@@ -3,8 +3,7 @@
 import pytest
 import torch
 
-from spec_drafters.anchors import UniformAnchors, eligible_anchors
-from spec_drafters.masks import (
+from spec_drafters.model.masks import (
     CausalBlockMask,
     DFlashBlockMask,
     LayerAttention,
@@ -12,6 +11,7 @@ from spec_drafters.masks import (
     inference_mask,
     training_mask,
 )
+from spec_drafters.train.anchors import UniformAnchors, eligible_anchors
 
 
 def brute_force_mask(anchors, valid, seq_len, block_size, window=None, causal_block=False):

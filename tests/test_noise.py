@@ -8,14 +8,14 @@ layer that also feeds fc (v3's "61 also feeding the labels"), and the labels mus
 import pytest
 import torch
 
-from spec_drafters.data import collate, tokenize
-from spec_drafters.drafter import DrafterConfig
-from spec_drafters.injection import AllTaps
-from spec_drafters.losses import CEKLBlend
-from spec_drafters.module import DFlashModule
-from spec_drafters.noise import FeatureNoise, GaussianNoise, NoNoise, UniformNoise
-from spec_drafters.target_source import LayerLogits
-from spec_drafters.targets import ByteTokenizer, TinyRandom
+from spec_drafters.data.records import collate, tokenize
+from spec_drafters.lightning.module import DFlashModule
+from spec_drafters.model.drafter import DrafterConfig
+from spec_drafters.target.injection import AllTaps
+from spec_drafters.target.labels import LayerLogits
+from spec_drafters.target.loaders import ByteTokenizer, TinyRandom
+from spec_drafters.train.losses import CEKLBlend
+from spec_drafters.train.noise import FeatureNoise, GaussianNoise, NoNoise, UniformNoise
 
 
 class InPlaceNoise(FeatureNoise):
@@ -74,6 +74,6 @@ def test_bad_noise_names_the_flag(cls, field):
 
 
 def UniformAnchors_():
-    from spec_drafters.anchors import UniformAnchors
+    from spec_drafters.train.anchors import UniformAnchors
 
     return UniformAnchors(max_anchors=8)

@@ -34,7 +34,11 @@ def plugin_env(tmp_path_factory):
 
 def spec_drafters(env, *args: str) -> str:
     out = subprocess.run(
-        [sys.executable, "-m", "spec_drafters.cli", *args], env=env, cwd=ROOT, capture_output=True, text=True
+        [sys.executable, "-m", "spec_drafters.cli.main", *args],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     return out.stdout
@@ -73,7 +77,7 @@ def test_plugin_subclasses_train_from_yaml_and_are_recorded(plugin_env, tmp_path
 
 def test_without_the_plugin_its_name_is_unknown(tmp_path):
     out = subprocess.run(
-        [sys.executable, "-m", "spec_drafters.cli", "fit", "--config", "tests/configs/tiny.yaml",
+        [sys.executable, "-m", "spec_drafters.cli.main", "fit", "--config", "tests/configs/tiny.yaml",
          "--model.injection", "DeepestTaps"],
         cwd=ROOT, capture_output=True, text=True,
     )  # fmt: skip

@@ -5,9 +5,8 @@ an interrupted generation keeps its finished parts and never mixes in parts of a
 import gzip
 import json
 
-from spec_drafters.corpus import answer_batch
-from spec_drafters.decoding import greedy_generate
-from spec_drafters.reference_corpus import (
+from spec_drafters.data.corpus import answer_batch
+from spec_drafters.data.reference_corpus import (
     assemble,
     docstring_items,
     generate_parts,
@@ -15,8 +14,9 @@ from spec_drafters.reference_corpus import (
     select_items,
     source_windows,
 )
-from spec_drafters.target import FrozenTarget
-from spec_drafters.targets import TinyRandom
+from spec_drafters.decode.generate import greedy_generate
+from spec_drafters.target.frozen import FrozenTarget
+from spec_drafters.target.loaders import TinyRandom
 
 MODULE = '''"""Module docstring."""
 

@@ -5,7 +5,7 @@ import csv
 
 import lightning.pytorch as pl
 
-from spec_drafters.cli import main
+from spec_drafters.cli.main import main
 
 
 class StopAt(pl.Callback):

@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from conftest import tiny_drafter, tiny_target
-from spec_drafters.anchors import UniformAnchors
-from spec_drafters.attention import eager_attention, flex_attention_kernel, split_attention
-from spec_drafters.losses import CAP, CEKLBlend, HardCE, SlotBatch, SoftKL
-from spec_drafters.masks import LayerAttention, training_layout
+from spec_drafters.model.attention import eager_attention, flex_attention_kernel, split_attention
+from spec_drafters.model.masks import LayerAttention, training_layout
+from spec_drafters.train.anchors import UniformAnchors
+from spec_drafters.train.losses import CAP, CEKLBlend, HardCE, SlotBatch, SoftKL
 from test_masks import brute_force_mask
 
 RULES = [LayerAttention(), LayerAttention(window=6), LayerAttention(causal_block=True)]
@@ -36,7 +36,7 @@ def test_block_layout_parts_equal_the_brute_force(rule):
 @pytest.mark.parametrize("rule", RULES)
 def test_split_kernel_equals_eager_forward_and_backward(rule, budget, monkeypatch):
     if budget is not None:  # every block its own chunk, each with its own context prefix
-        monkeypatch.setattr("spec_drafters.attention.SPLIT_CHUNK_QUERIES", budget)
+        monkeypatch.setattr("spec_drafters.model.attention.SPLIT_CHUNK_QUERIES", budget)
     _, _, layout = _layout(rule)
     g = torch.Generator().manual_seed(1)
     q = torch.randn((2, 4, 20, 8), generator=g, dtype=torch.float64, requires_grad=True)

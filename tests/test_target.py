@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from conftest import tiny_target
-from spec_drafters.injection import (
+from spec_drafters.target.frozen import validate_layer_ids
+from spec_drafters.target.injection import (
     AllButLast,
     AllTaps,
     CustomInjection,
@@ -12,9 +13,8 @@ from spec_drafters.injection import (
     ZLabTaps,
     zlab_layer_ids,
 )
-from spec_drafters.target import validate_layer_ids
-from spec_drafters.target_source import DatasetTokens, LayerLogits, ModelOutput
-from spec_drafters.targets import TargetCard
+from spec_drafters.target.labels import DatasetTokens, LayerLogits, ModelOutput
+from spec_drafters.target.loaders import TargetCard
 
 
 def card(num_layers: int, default_tap_ids=()) -> TargetCard:

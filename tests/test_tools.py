@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from conftest import tiny_drafter, tiny_target
-from spec_drafters.cli import main
-from spec_drafters.export import DrafterFolder, write_folder
-from spec_drafters.masks import DFlashBlockMask, context_before_anchor, training_mask
-from spec_drafters.tools import diff, inspect_drafter, lint_config
+from spec_drafters.artefacts.folders import DrafterFolder, write_folder
+from spec_drafters.artefacts.tools import diff, inspect_drafter, lint_config
+from spec_drafters.cli.main import main
+from spec_drafters.model.masks import DFlashBlockMask, context_before_anchor, training_mask
 
 TINY = ["--config", "tests/configs/tiny.yaml"]
 

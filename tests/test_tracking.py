@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from spec_drafters.cli import main
+from spec_drafters.cli.main import main
 
 VAL_AT_END = ["--trainer.max_steps", "6", "--trainer.check_val_every_n_epoch", "null",
               "--trainer.val_check_interval", "6"]  # fmt: skip

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import tiny_drafter
-from spec_drafters.cli import load_module, main
+from spec_drafters.cli.main import load_module, main
 
 TINY = "tests/configs/tiny.yaml"
 
@@ -118,7 +118,7 @@ def test_a_checkpoint_for_another_target_names_both_targets_first(ckpt):
 
 
 def test_every_builtin_target_knows_its_name_before_loading():
-    from spec_drafters.targets import EmbeddedSmolLM2, HFPretrained, TargetCard, TinyRandom
+    from spec_drafters.target.loaders import EmbeddedSmolLM2, HFPretrained, TargetCard, TinyRandom
 
     tiny = TinyRandom(architecture="llama", num_layers=3, seed=2)
     assert tiny.identity() == tiny.load().card.name == "tiny-llama-3x32-s2"
@@ -137,7 +137,7 @@ def test_a_flag_the_checkpoint_overrides_is_warned_about_with_both_values(ckpt, 
 
 
 def test_a_missing_checkpoint_fails_before_anything_is_loaded_or_created(tmp_path, monkeypatch):
-    from spec_drafters.targets import TinyRandom
+    from spec_drafters.target.loaders import TinyRandom
 
     def no_load(self):
         raise AssertionError("the target was loaded before --ckpt_path was checked")
@@ -169,8 +169,8 @@ def test_the_decoding_callback_checks_every_prompt_before_decoding_any(tmp_path,
 
     from lightning.pytorch.trainer.states import TrainerFn
 
-    from spec_drafters.callbacks import SpeculativeDecodingEval
-    from spec_drafters.prompts import JsonlPrompts
+    from spec_drafters.data.prompts import JsonlPrompts
+    from spec_drafters.lightning.callbacks import SpeculativeDecodingEval
 
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "def f():"}\n' + f'{{"prompt": "{"y" * 4095}"}}\n')
@@ -189,8 +189,8 @@ def test_the_decoding_callback_checks_every_prompt_before_decoding_any(tmp_path,
 
 
 def test_greedy_and_speculative_decoding_refuse_to_run_past_the_context(qwen3_target):
-    from spec_drafters.decoding import greedy_generate, speculative_generate
-    from spec_drafters.verifiers import GreedyChain
+    from spec_drafters.decode.generate import greedy_generate, speculative_generate
+    from spec_drafters.decode.verifiers import GreedyChain
 
     prompt = [5] * 4000
     with pytest.raises(ValueError, match=r"the prompt has 4000 tokens, \+ max_new_tokens 100 = 4100"):

@@ -5,7 +5,7 @@ import itertools
 import pytest
 import torch
 
-from spec_drafters.verifiers import DDTree, DraftTree, GreedyChain, walk_tree
+from spec_drafters.decode.verifiers import DDTree, DraftTree, GreedyChain, walk_tree
 
 
 def brute_force_best_prefixes(logprobs: torch.Tensor, budget: int) -> set[tuple[int, ...]]:

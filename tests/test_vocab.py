@@ -10,14 +10,14 @@ import pytest
 import torch
 
 from conftest import tiny_drafter, tiny_target
-from spec_drafters.decoding import greedy_generate, speculative_generate
-from spec_drafters.drafter import DFlashDrafter, DrafterConfig
-from spec_drafters.export import folder_from_module, read_folder, write_folder
-from spec_drafters.injection import AllButLast
-from spec_drafters.module import DFlashModule
-from spec_drafters.targets import TinyRandom
-from spec_drafters.verifiers import DDTree, GreedyChain
-from spec_drafters.vocab import FrequentTokens, count_labels, coverage
+from spec_drafters.artefacts.folders import folder_from_module, read_folder, write_folder
+from spec_drafters.decode.generate import greedy_generate, speculative_generate
+from spec_drafters.decode.verifiers import DDTree, GreedyChain
+from spec_drafters.lightning.module import DFlashModule
+from spec_drafters.model.drafter import DFlashDrafter, DrafterConfig
+from spec_drafters.model.vocab import FrequentTokens, count_labels, coverage
+from spec_drafters.target.injection import AllButLast
+from spec_drafters.target.loaders import TinyRandom
 
 
 def _counts(tmp_path, counts: dict[int, int]) -> str:
@@ -108,8 +108,8 @@ def vocab_module(tmp_path_factory):
 
 
 def test_training_skips_and_validation_counts_out_of_vocabulary_labels(vocab_module):
-    from spec_drafters.anchors import UniformAnchors
-    from spec_drafters.data import TextDataModule, collate
+    from spec_drafters.data.records import TextDataModule, collate
+    from spec_drafters.train.anchors import UniformAnchors
 
     module, _ = vocab_module
     train, _ = TextDataModule(path="tests/data/tiny.jsonl", max_length=64).examples(module.tokenizer)
@@ -141,7 +141,7 @@ def test_spec_drafters_and_speculators_layouts_keep_the_mapping_zlab_refuses(voc
 def test_a_draft_vocabulary_reads_the_head_rows_through_a_packed_head():
     """Decoding packs the target's linears (kernels.py): the draft head must still find the rows; its
     own slice runs packed without gradients and on the plain product (with gradients) in training."""
-    from spec_drafters.kernels import PackedLinear
+    from spec_drafters.model.kernels import PackedLinear
 
     head = torch.nn.Linear(64, 2048, bias=False).requires_grad_(False)  # 131k elements: packable
     cfg = replace(tiny_drafter(tiny_target()).config, hidden_size=64, draft_vocab_size=1024)

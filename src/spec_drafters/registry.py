@@ -38,17 +38,17 @@ KINDS: dict[str, str] = {
 
 #: Built-in modules that register components on import.
 BUILTIN_MODULES = (
-    "spec_drafters.targets",
-    "spec_drafters.injection",
-    "spec_drafters.target_source",
-    "spec_drafters.noise",
-    "spec_drafters.losses",
-    "spec_drafters.masks",
-    "spec_drafters.attention",
-    "spec_drafters.anchors",
-    "spec_drafters.verifiers",
-    "spec_drafters.vocab",
-    "spec_drafters.prompts",
+    "spec_drafters.target.loaders",
+    "spec_drafters.target.injection",
+    "spec_drafters.target.labels",
+    "spec_drafters.train.noise",
+    "spec_drafters.train.losses",
+    "spec_drafters.model.masks",
+    "spec_drafters.model.attention",
+    "spec_drafters.train.anchors",
+    "spec_drafters.decode.verifiers",
+    "spec_drafters.model.vocab",
+    "spec_drafters.data.prompts",
 )
 
 #: Entry-point group through which other packages add components (see README, "Plugins").

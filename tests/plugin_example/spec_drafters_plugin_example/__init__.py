@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import torch
 
-from spec_drafters.injection import AllTaps
-from spec_drafters.noise import UniformNoise
 from spec_drafters.registry import register
+from spec_drafters.target.injection import AllTaps
+from spec_drafters.train.noise import UniformNoise
 
 
 @register("injection", "deepest_taps")

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
+from spec_drafters.artefacts.folders import read_checkpoint_file, read_config_json, read_weights
 from spec_drafters.errors import InputError
-from spec_drafters.export import read_checkpoint_file, read_config_json, read_weights
 
 # --- reading any drafter artefact ------------------------------------------------------------------
 
@@ -224,7 +224,7 @@ def _flatten(prefix: str, value, out: dict) -> None:
 
 def _module_from_config(path: str):
     """The instantiated module of a config file (large targets on the meta device)."""
-    from spec_drafters.cli import check_argv_components, load_module, read_config
+    from spec_drafters.cli.main import check_argv_components, load_module, read_config
 
     args = ["--config", path]
     cfg = read_config(path)
@@ -246,7 +246,7 @@ def choices(path: str | Path) -> dict:
         desc = module.describe()
         hp = {k: as_config(v) for k, v in module.hparams.items()}
     elif path.is_dir():
-        from spec_drafters.export import read_folder
+        from spec_drafters.artefacts.folders import read_folder
 
         folder = read_folder(path, num_target_layers=None if _has_depth(path) else 0)
         desc = {
@@ -357,8 +357,8 @@ class Finding:
 
 def lint_module(module, text_sample: list[str] | None = None) -> list[Finding]:
     """Known pitfalls of an instantiated DFlashModule (docs/method.md sections 1-2, 5)."""
-    from spec_drafters.injection import zlab_layer_ids
-    from spec_drafters.target_source import DatasetTokens, LayerLogits, ModelOutput
+    from spec_drafters.target.injection import zlab_layer_ids
+    from spec_drafters.target.labels import DatasetTokens, LayerLogits, ModelOutput
 
     found: list[Finding] = []
 
@@ -469,8 +469,8 @@ def lint_module(module, text_sample: list[str] | None = None) -> list[Finding]:
 
 
 def lint_config(argv: list[str]) -> list[Finding]:
-    from spec_drafters.cli import check_argv_components, load_module, read_config
-    from spec_drafters.targets import MaskTokenError
+    from spec_drafters.cli.main import check_argv_components, load_module, read_config
+    from spec_drafters.target.loaders import MaskTokenError
 
     paths = [argv[i + 1] for i, a in enumerate(argv) if a in ("--config", "-c") and i + 1 < len(argv)]
     meta = []
@@ -491,7 +491,7 @@ def lint_config(argv: list[str]) -> list[Finding]:
     for p in paths:
         data_path = (read_config(p).get("data") or {}).get("path", data_path)
     if data_path and Path(data_path).is_file() and module.tokenizer is not None:
-        from spec_drafters.data import read_jsonl
+        from spec_drafters.data.records import read_jsonl
 
         records = [r for _, r in read_jsonl(data_path)][:200]
         sample = [r.get("text") or (r.get("prompt", "") + r.get("response", "")) for r in records]

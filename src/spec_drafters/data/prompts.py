@@ -28,7 +28,7 @@ class HumanEvalPrompts(PromptSet):
         self.num_prompts = num_prompts
 
     def prompts(self) -> list[str]:
-        from spec_drafters.corpus import humaneval_problems
+        from spec_drafters.data.corpus import humaneval_problems
 
         problems = humaneval_problems()
         step = len(problems) / self.num_prompts
@@ -48,7 +48,7 @@ class JsonlPrompts(PromptSet):
         self.path, self.limit = path, limit
 
     def prompts(self) -> list[str]:
-        from spec_drafters.data import iter_jsonl
+        from spec_drafters.data.records import iter_jsonl
         from spec_drafters.errors import InputError
 
         out = []

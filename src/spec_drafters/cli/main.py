@@ -35,6 +35,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.imports import _RICH_AVAILABLE
 
 from spec_drafters.errors import InputError
+from spec_drafters.lightning.tracking import RunAimLogger
 from spec_drafters.registry import (
     KINDS,
     UnknownComponentError,
@@ -44,7 +45,6 @@ from spec_drafters.registry import (
     name_of,
     valid_names,
 )
-from spec_drafters.tracking import RunAimLogger
 
 
 # --- component-name checks ------------------------------------------------------------------------
@@ -166,7 +166,7 @@ def _dotted(key: str, value: str) -> dict:
 
 
 def check_argv_components(argv: list[str]) -> None:
-    from spec_drafters.module import DFlashModule
+    from spec_drafters.lightning.module import DFlashModule
 
     for cfg in _configs_from_argv(argv):
         model = cfg.get("model")
@@ -189,7 +189,7 @@ def _resolve_class(path: str) -> type:
     if "." not in path:
         import lightning.pytorch.callbacks as builtin
 
-        from spec_drafters import callbacks
+        from spec_drafters.lightning import callbacks
 
         return getattr(callbacks, path, None) or getattr(builtin, path)
     module, _, attr = path.rpartition(".")
@@ -219,7 +219,7 @@ CKPT_KEYWORDS = ("best", "last", "hpc", "registry")
 
 def read_checkpoint(path: str) -> dict:
     """``--ckpt_path``'s checkpoint as plain data only; anything else ends as one line naming it."""
-    from spec_drafters.export import read_checkpoint_file
+    from spec_drafters.artefacts.folders import read_checkpoint_file
 
     try:
         return read_checkpoint_file(path, "--ckpt_path")
@@ -235,7 +235,7 @@ def _model_flags(argv: list[str]) -> list[str]:
 
 def _target_identity(target) -> str | None:
     """The card name the configured target will load, when its loader knows it without loading."""
-    from spec_drafters.targets import TargetLoader
+    from spec_drafters.target.loaders import TargetLoader
 
     if target is None or not hasattr(target, "class_path"):
         return None
@@ -334,7 +334,7 @@ class SpecDraftersCLI(LightningCLI):
     def _default_progress_bar(self) -> list | None:
         """The configured callbacks plus RunProgressBar where Lightning would add its default rich
         bar (progress bar enabled, none configured); None where it would add none."""
-        from spec_drafters.callbacks import RunProgressBar
+        from spec_drafters.lightning.callbacks import RunProgressBar
 
         trainer_args = self._get(self.config_init, "trainer", default={})
         callbacks = trainer_args.get("callbacks") or []
@@ -418,9 +418,9 @@ def validate_many(argv: list[str]) -> None:
 
 
 def run_lightning(argv: list[str]) -> None:
-    from spec_drafters import callbacks  # noqa: F401 - lets YAML name our callbacks by class name
-    from spec_drafters.data import TextDataModule
-    from spec_drafters.module import DFlashModule
+    from spec_drafters.data.records import TextDataModule
+    from spec_drafters.lightning import callbacks  # noqa: F401 - lets YAML name our callbacks by class name
+    from spec_drafters.lightning.module import DFlashModule
 
     load_components()
     try:
@@ -450,9 +450,9 @@ class _LoadOnly(SpecDraftersCLI):
 def load_module(argv: list[str], quiet: bool = False, with_data: bool = False):
     """A DFlashModule from LightningCLI arguments, with the checkpoint's drafter weights loaded
     (and the data module with it when ``with_data``)."""
-    from spec_drafters import callbacks  # noqa: F401
-    from spec_drafters.data import TextDataModule
-    from spec_drafters.module import DFlashModule
+    from spec_drafters.data.records import TextDataModule
+    from spec_drafters.lightning import callbacks  # noqa: F401
+    from spec_drafters.lightning.module import DFlashModule
 
     load_components()
     try:
@@ -482,8 +482,8 @@ def generate(argv: list[str]) -> None:
     """``spec-drafters generate``: prompts through the target with the drafter and a chosen verifier."""
     import argparse
 
-    from spec_drafters.decoding import check_fits
-    from spec_drafters.prompts import HumanEvalPrompts, JsonlPrompts
+    from spec_drafters.data.prompts import HumanEvalPrompts, JsonlPrompts
+    from spec_drafters.decode.generate import check_fits
 
     ap = argparse.ArgumentParser(
         prog="spec-drafters generate",
@@ -568,7 +568,7 @@ def cache_cmd(argv: list[str]) -> None:
     """``spec-drafters cache``: run the target once over the training data and write an offline cache."""
     import argparse
 
-    from spec_drafters.cache import build_cache
+    from spec_drafters.data.feature_cache import build_cache
 
     ap = argparse.ArgumentParser(
         prog="spec-drafters cache",
@@ -593,8 +593,8 @@ def draft_vocab_cmd(argv: list[str]) -> None:
     """``spec-drafters draft-vocab``: count the training labels for a ``frequent_tokens`` vocabulary."""
     import argparse
 
-    from spec_drafters.data import collate
-    from spec_drafters.vocab import FrequentTokens, count_labels, coverage
+    from spec_drafters.data.records import collate
+    from spec_drafters.model.vocab import FrequentTokens, count_labels, coverage
 
     ap = argparse.ArgumentParser(
         prog="spec-drafters draft-vocab",
@@ -608,7 +608,7 @@ def draft_vocab_cmd(argv: list[str]) -> None:
     module, data = load_module(rest, quiet=True, with_data=True)
     train, val = data.examples(module.tokenizer)
     if data.cache:
-        from spec_drafters.cache import CachedRecords
+        from spec_drafters.data.feature_cache import CachedRecords
 
         records = CachedRecords(data.cache)
         counts = count_labels(records[i] for i in range(len(records)))
@@ -631,7 +631,7 @@ def draft_vocab_cmd(argv: list[str]) -> None:
 def export(argv: list[str]) -> None:
     import argparse
 
-    from spec_drafters.export import LAYOUTS, folder_from_checkpoint, read_folder, write_folder
+    from spec_drafters.artefacts.folders import LAYOUTS, folder_from_checkpoint, read_folder, write_folder
 
     ap = argparse.ArgumentParser(
         prog="spec-drafters export",
@@ -661,7 +661,7 @@ def export(argv: list[str]) -> None:
 
 
 def inspect_cmd(argv: list[str]) -> None:
-    from spec_drafters.tools import format_inspect, inspect_drafter
+    from spec_drafters.artefacts.tools import format_inspect, inspect_drafter
 
     paths = [a for a in argv if a != "--json"]
     if not paths:
@@ -674,7 +674,7 @@ def inspect_cmd(argv: list[str]) -> None:
 
 
 def diff_cmd(argv: list[str]) -> None:
-    from spec_drafters.tools import diff, format_diff
+    from spec_drafters.artefacts.tools import diff, format_diff
 
     paths = [a for a in argv if not a.startswith("--")]
     if len(paths) != 2:
@@ -694,7 +694,7 @@ def diff_cmd(argv: list[str]) -> None:
 
 
 def lint_cmd(argv: list[str]) -> None:
-    from spec_drafters.tools import lint_config
+    from spec_drafters.artefacts.tools import lint_config
 
     if "--config" not in argv and "-c" not in argv:
         sys.exit(
@@ -737,7 +737,7 @@ def print_registry(argv: list[str]) -> None:
 
 def compare(argv: list[str]) -> None:
     """Prints the metrics of several ``--results`` files side by side."""
-    from spec_drafters.tools import distinct_labels, legend
+    from spec_drafters.artefacts.tools import distinct_labels, legend
 
     if not argv:
         sys.exit("usage: spec-drafters compare RESULTS.json [RESULTS.json ...]")
@@ -774,13 +774,13 @@ def _metrics(path: str) -> dict[str, float]:
 
 
 def _corpus(argv: list[str]) -> None:
-    from spec_drafters import corpus
+    from spec_drafters.data import corpus
 
     corpus.main(argv)
 
 
 def _reference_corpus(argv: list[str]) -> None:
-    from spec_drafters import reference_corpus
+    from spec_drafters.data import reference_corpus
 
     reference_corpus.main(argv)
 

@@ -28,7 +28,7 @@ from torch import nn
 
 from spec_drafters.registry import register
 
-CARDS_DIR = Path(__file__).resolve().parent / "target_cards"  # symlink to the repo's registry/targets
+CARDS_DIR = Path(__file__).resolve().parent / "cards"  # symlink to the repo's registry/targets
 
 
 class MaskTokenError(ValueError):

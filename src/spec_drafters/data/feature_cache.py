@@ -36,7 +36,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from spec_drafters.errors import InputError
-from spec_drafters.targets import sha256_file
+from spec_drafters.target.loaders import sha256_file
 
 #: 2: meta records the tokenizer, the data file's sha256, max_length and the record count; hard labels
 #: are stored; the label hidden state only for soft losses.
@@ -93,7 +93,7 @@ def build_cache(
 ) -> dict:
     """Runs the target over the training records of ``data`` (a TextDataModule) and writes the
     cache; returns the index."""
-    from spec_drafters.data import collate
+    from spec_drafters.data.records import collate
 
     store = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(dtype)
     if store is None:

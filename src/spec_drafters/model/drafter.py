@@ -25,9 +25,9 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
 
-from spec_drafters import kernels
-from spec_drafters.attention import get_attention
-from spec_drafters.masks import LayerAttention, inference_mask
+from spec_drafters.model import kernels
+from spec_drafters.model.attention import get_attention
+from spec_drafters.model.masks import LayerAttention, inference_mask
 
 
 @dataclass

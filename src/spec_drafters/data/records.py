@@ -235,7 +235,7 @@ class TextDataModule(pl.LightningDataModule):
         module = self.trainer.lightning_module
         self.train, self.val = self.examples(module.tokenizer)
         if self.cache:  # the records are tokenized all the same: the cache must have been built from them
-            from spec_drafters.cache import CachedRecords, run_meta
+            from spec_drafters.data.feature_cache import CachedRecords, run_meta
 
             expect = run_meta(module, self, self.train)
             if module.loss_fn.needs_distribution:  # soft losses read the cached label hidden state
@@ -253,7 +253,7 @@ class TextDataModule(pl.LightningDataModule):
             # counts its own batch as processed but not yet completed).
             sampler.resume_at(trainer.current_epoch, loop.epoch_loop.batch_progress.current.processed)
         if self.cache:
-            from spec_drafters.cache import collate_cached
+            from spec_drafters.data.feature_cache import collate_cached
 
             return DataLoader(
                 self.train, batch_size=self.batch_size, sampler=sampler, collate_fn=collate_cached

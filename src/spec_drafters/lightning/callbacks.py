@@ -23,10 +23,10 @@ from lightning.pytorch.callbacks import RichProgressBar
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from spec_drafters.decoding import DecodeResult, check_fits, speculative_generate
-from spec_drafters.prompts import HumanEvalPrompts, PromptSet
+from spec_drafters.data.prompts import HumanEvalPrompts, PromptSet
+from spec_drafters.decode.generate import DecodeResult, check_fits, speculative_generate
+from spec_drafters.decode.verifiers import Verifier
 from spec_drafters.registry import name_of
-from spec_drafters.verifiers import Verifier
 
 
 def verifier_label(verifier: Verifier) -> str:
@@ -183,14 +183,14 @@ class ExportDrafter(pl.Callback):
     """
 
     def __init__(self, dirpath: str, layout: str = "spec_drafters"):
-        from spec_drafters.export import LAYOUTS
+        from spec_drafters.artefacts.folders import LAYOUTS
 
         if layout not in LAYOUTS:
             raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
         self.dirpath, self.layout = dirpath, layout
 
     def on_fit_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
-        from spec_drafters.export import folder_from_module, write_folder
+        from spec_drafters.artefacts.folders import folder_from_module, write_folder
 
         if trainer.is_global_zero:
             out = write_folder(folder_from_module(module), self.dirpath, self.layout)

@@ -23,21 +23,21 @@ import torch
 from jsonargparse import lazy_instance
 from torch import nn
 
-from spec_drafters.anchors import AnchorSampler, UniformAnchors, block_labels, build_blocks
-from spec_drafters.decoding import DecodeResult, greedy_generate, speculative_generate
-from spec_drafters.drafter import DFlashDrafter, DrafterConfig
-from spec_drafters.injection import AllTaps, Injection
-from spec_drafters.losses import DraftLoss, HardCE, SlotBatch
-from spec_drafters.masks import DFlashBlockMask, DrafterMask
-from spec_drafters.metrics import AcceptanceCurve, AcceptanceLength, Calibration, SlotAccuracy
-from spec_drafters.noise import FeatureNoise, NoNoise
+from spec_drafters.decode.generate import DecodeResult, greedy_generate, speculative_generate
+from spec_drafters.decode.verifiers import GreedyChain, Verifier
+from spec_drafters.lightning.metrics import AcceptanceCurve, AcceptanceLength, Calibration, SlotAccuracy
+from spec_drafters.lightning.tracking import log_acceptance_figure
+from spec_drafters.model.drafter import DFlashDrafter, DrafterConfig
+from spec_drafters.model.masks import DFlashBlockMask, DrafterMask
+from spec_drafters.model.vocab import DraftVocab, FullVocab
 from spec_drafters.registry import as_config, name_of
-from spec_drafters.target import FrozenTarget
-from spec_drafters.target_source import ModelOutput, TargetSource
-from spec_drafters.targets import EmbeddedSmolLM2, MaskTokenError, TargetLoader
-from spec_drafters.tracking import log_acceptance_figure
-from spec_drafters.verifiers import GreedyChain, Verifier
-from spec_drafters.vocab import DraftVocab, FullVocab
+from spec_drafters.target.frozen import FrozenTarget
+from spec_drafters.target.injection import AllTaps, Injection
+from spec_drafters.target.labels import ModelOutput, TargetSource
+from spec_drafters.target.loaders import EmbeddedSmolLM2, MaskTokenError, TargetLoader
+from spec_drafters.train.anchors import AnchorSampler, UniformAnchors, block_labels, build_blocks
+from spec_drafters.train.losses import DraftLoss, HardCE, SlotBatch
+from spec_drafters.train.noise import FeatureNoise, NoNoise
 
 # The frozen target stays in eval mode on purpose (FrozenTarget.train); Lightning warns about it.
 warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
@@ -207,8 +207,8 @@ class DFlashModule(pl.LightningModule):
         )
 
     def _load_folder(self, path: str) -> None:
+        from spec_drafters.artefacts.folders import read_folder
         from spec_drafters.errors import InputError
-        from spec_drafters.export import read_folder
 
         try:
             folder = read_folder(path, num_target_layers=self.target.num_layers)

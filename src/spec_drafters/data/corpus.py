@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--val-fraction", type=float, default=0.1)
     args = parser.parse_args(argv)
 
-    from spec_drafters.targets import EmbeddedSmolLM2
+    from spec_drafters.target.loaders import EmbeddedSmolLM2
 
     items = select(args.num_prompts, args.val_fraction)
     target = EmbeddedSmolLM2().load()

@@ -14,10 +14,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from spec_drafters.registry import register
-from spec_drafters.target import validate_layer_ids
+from spec_drafters.target.frozen import validate_layer_ids
 
 if TYPE_CHECKING:
-    from spec_drafters.targets import TargetCard
+    from spec_drafters.target.loaders import TargetCard
 
 FLAG = "--model.injection.init_args"
 

@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING
 import torch
 
 from spec_drafters.registry import register
-from spec_drafters.target import FrozenTarget, TargetOutput
+from spec_drafters.target.frozen import FrozenTarget, TargetOutput
 
 if TYPE_CHECKING:
-    from spec_drafters.targets import TargetCard
+    from spec_drafters.target.loaders import TargetCard
 
 
 def chunked_argmax(head, hidden: torch.Tensor, chunk: int = 256) -> torch.Tensor:

@@ -13,7 +13,7 @@ machine (docs/reference.md compares them per CPU-hour):
   no decoding loop), but from slot 2 on a block's later labels follow the real text rather than the
   target's own choices.
 
-Both keep the HumanEval overlap filter (:func:`spec_drafters.corpus.humaneval_overlap`): no item that
+Both keep the HumanEval overlap filter (:func:`spec_drafters.data.corpus.humaneval_overlap`): no item that
 shares a function name or a 10-word shingle with a HumanEval prompt, so HumanEval stays a clean exam.
 
 Generation is a resumable stage: items are cut into fixed parts of ``part_size`` in a deterministic
@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from spec_drafters.corpus import answer_batch, humaneval_overlap, split_of, stdlib_files
+from spec_drafters.data.corpus import answer_batch, humaneval_overlap, split_of, stdlib_files
 
 #: Test suites are not code a user asks a model to write; site-packages is not the standard library.
 SKIP_DIRS = {"test", "tests", "site-packages", "__pycache__"}
@@ -161,7 +161,7 @@ def assemble(parts: list[Path], out: Path) -> dict:
 def mix(answers: Path, source: Path | None, source_records: int, out: Path) -> dict:
     """The training file: every answer record (its split kept: validation is held-out answers only)
     and the first ``source_records`` teacher-forced source windows of the train split."""
-    from spec_drafters.data import iter_jsonl
+    from spec_drafters.data.records import iter_jsonl
 
     records = [rec for _, rec in iter_jsonl(answers, flag="--answers")]
     windows = []
@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{len(items)} {args.kind} items after the HumanEval filter ({time.time() - t0:.0f}s)")
     out.mkdir(parents=True, exist_ok=True)
     if args.kind == "answers":
-        from spec_drafters.targets import EmbeddedSmolLM2
+        from spec_drafters.target.loaders import EmbeddedSmolLM2
 
         target = EmbeddedSmolLM2().load()
         generate_parts(items, target, out, args.part_size, args.batch_size, args.max_new_tokens)

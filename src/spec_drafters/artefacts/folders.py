@@ -27,8 +27,8 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from spec_drafters.drafter import DFlashDrafter, DrafterConfig
 from spec_drafters.errors import InputError, read_json
+from spec_drafters.model.drafter import DFlashDrafter, DrafterConfig
 
 LAYOUTS = ("spec_drafters", "zlab", "speculators")
 #: Weights a speculators checkpoint copies from its verifier (target); not the drafter's.
@@ -318,7 +318,7 @@ def read_checkpoint_file(path: str | Path, flag: str = "") -> dict:
     if not Path(path).is_file():
         raise InputError(f"{where}: no such file")
     try:
-        return torch.load(path, weights_only=True, map_location="cpu")
+        ckpt = torch.load(path, weights_only=True, map_location="cpu")
     except pickle.UnpicklingError as e:
         # torch says "Unsupported global: GLOBAL x" for code a pickle would call, and other
         # "Unsupported ..." reasons for bytes that are no checkpoint at all (truncated, foreign).
@@ -332,6 +332,46 @@ def read_checkpoint_file(path: str | Path, flag: str = "") -> dict:
         raise InputError(f"{where}: not a readable checkpoint ({reason})") from None
     except (RuntimeError, EOFError, ValueError, OSError) as e:  # truncated zip: OSError EINVAL
         raise InputError(f"{where}: not a readable checkpoint ({str(e).strip().splitlines()[0]})") from None
+    if isinstance(ckpt, dict) and isinstance(ckpt.get("hyper_parameters"), dict):
+        ckpt["hyper_parameters"] = upgrade_class_paths(ckpt["hyper_parameters"])
+    return ckpt
+
+
+#: Where each module of the flat package (main before the split into layers, up to b8dab2d) went:
+#: checkpoints written then name their components by those class paths.
+MOVED_MODULES = {
+    "drafter": "model.drafter",
+    "attention": "model.attention",
+    "masks": "model.masks",
+    "kernels": "model.kernels",
+    "vocab": "model.vocab",
+    "target": "target.frozen",
+    "targets": "target.loaders",
+    "target_source": "target.labels",
+    "injection": "target.injection",
+    "anchors": "train.anchors",
+    "noise": "train.noise",
+    "losses": "train.losses",
+    "verifiers": "decode.verifiers",
+    "decoding": "decode.generate",
+    "prompts": "data.prompts",
+    "tracking": "lightning.tracking",
+    "callbacks": "lightning.callbacks",
+}
+
+
+def upgrade_class_paths(value):
+    """``spec_drafters.injection.ZLabTaps`` -> ``spec_drafters.target.injection.ZLabTaps``, anywhere in a
+    checkpoint's hyperparameters (other packages' class paths are left alone)."""
+    if isinstance(value, dict):
+        return {k: upgrade_class_paths(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [upgrade_class_paths(v) for v in value]
+    if isinstance(value, str) and value.startswith("spec_drafters.") and value.count(".") == 2:
+        _, module, name = value.split(".")
+        if module in MOVED_MODULES:
+            return f"spec_drafters.{MOVED_MODULES[module]}.{name}"
+    return value
 
 
 def folder_from_checkpoint(path: str | Path) -> DrafterFolder:
@@ -351,7 +391,7 @@ def folder_from_checkpoint(path: str | Path) -> DrafterFolder:
     target = desc["target"]
     vocab = int(target.get("vocab_size") or 0)
     if not vocab:
-        from spec_drafters.targets import TargetCard
+        from spec_drafters.target.loaders import TargetCard
 
         vocab = TargetCard.load(target["name"]).vocab_size
     meta = {"target": target, "components": desc.get("components", {})}

@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from spec_drafters.drafter import ContextCache, DFlashDrafter
-from spec_drafters.kernels import packed_linears as _packed
-from spec_drafters.target import FrozenTarget, crop_cache
-from spec_drafters.verifiers import Verifier
+from spec_drafters.decode.verifiers import Verifier
+from spec_drafters.model.drafter import ContextCache, DFlashDrafter
+from spec_drafters.model.kernels import packed_linears as _packed
+from spec_drafters.target.frozen import FrozenTarget, crop_cache
 
 
 @dataclass

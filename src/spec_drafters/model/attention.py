@@ -3,7 +3,7 @@
 Signature: ``fn(q, k, v, mask, scale) -> out`` with
     q (b, h, Tq, d), k and v (b, hk, Tk, d) where h is a multiple of hk (GQA),
     mask (b, 1, Tq, Tk) bool, True = may attend, or None (every key allowed), or a
-    :class:`~spec_drafters.masks.BlockLayout` (training: the mask in its context and in-block parts),
+    :class:`~spec_drafters.model.masks.BlockLayout` (training: the mask in its context and in-block parts),
     out (b, h, Tq, d).
 Every row of a mask must allow at least one key (the DFlash mask always allows a query's own block).
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from spec_drafters.masks import BlockLayout, as_dense
+from spec_drafters.model.masks import BlockLayout, as_dense
 from spec_drafters.registry import lookup, register
 
 
