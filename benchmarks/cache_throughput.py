@@ -98,7 +98,7 @@ def main() -> None:
     train, _ = data.examples(module.tokenizer)
     b = data.batch_size
     t0 = time.perf_counter()
-    build_cache(module, data, tmp / "cache", dtype="bfloat16", progress=False)
+    build_cache(module.feature_spec(), data, tmp / "cache", dtype="bfloat16", progress=False)
     cache_s = time.perf_counter() - t0
     cached = CachedRecords(tmp / "cache")
     online = [collate(train[i : i + b]) for i in range(0, len(train), b)]

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from spec_drafters.data.feature_cache import CachedRecords, build_cache, collate_cached, run_meta
-from spec_drafters.data.records import TextDataModule, collate
+from spec_drafters.data.records import TextRecords, collate
 from spec_drafters.lightning.module import DFlashModule
 from spec_drafters.model.drafter import DrafterConfig
 from spec_drafters.target.injection import AllButLast
@@ -29,20 +29,21 @@ def setup():
         target_source=LayerLogits(3),  # a label layer outside fc: the cache must carry its hidden state
         loss=CEKLBlend(alpha=0.15),  # a soft loss: target logits are recomputed from the cached state
     ).eval()
-    data = TextDataModule(path="tests/data/tiny.jsonl", max_length=64)
+    data = TextRecords(path="tests/data/tiny.jsonl", max_length=64)
     train, _ = data.examples(module.tokenizer)
     return module, data, train
 
 
 def loss_of(module, batch):
-    inp = module.prepare(batch, UniformAnchors(max_anchors=8), seed=5, noisy=False)
+    rows = range(batch["input_ids"].shape[0])
+    inp = module.steps(batch, UniformAnchors(max_anchors=8), module.target_source, 5, rows, noisy=False)
     with torch.no_grad():
-        return module.loss_fn(module.slot_batch(module.draft_hidden(inp), inp))["loss"]
+        return module.loss_fn(module.steps.slot_batch(module.steps.draft_hidden(inp), inp))["loss"]
 
 
 def test_online_and_offline_losses_match(setup, tmp_path):
     module, data, train = setup
-    index = build_cache(module, data, tmp_path, shard_records=7, batch_size=3, progress=False)
+    index = build_cache(module.feature_spec(), data, tmp_path, shard_records=7, batch_size=3, progress=False)
     assert len(index["shards"]) == 3 and index["meta"]["label_layers"] == [3]
     cached = CachedRecords(tmp_path)
     assert len(cached) == len(train)
@@ -54,8 +55,8 @@ def test_online_and_offline_losses_match(setup, tmp_path):
 
 def test_bf16_cache_is_half_the_features(setup, tmp_path):
     module, data, train = setup
-    f32 = build_cache(module, data, tmp_path / "f32", progress=False)
-    bf16 = build_cache(module, data, tmp_path / "bf16", dtype="bfloat16", progress=False)
+    f32 = build_cache(module.feature_spec(), data, tmp_path / "f32", progress=False)
+    bf16 = build_cache(module.feature_spec(), data, tmp_path / "bf16", dtype="bfloat16", progress=False)
     assert bf16["bytes"] < 0.6 * f32["bytes"]
     assert abs(loss_of(module, collate_cached([CachedRecords(tmp_path / "bf16")[i] for i in range(4)]))
                - loss_of(module, collate(train[:4]))) < 0.05  # fmt: skip
@@ -63,10 +64,10 @@ def test_bf16_cache_is_half_the_features(setup, tmp_path):
 
 def test_interrupted_build_resumes_and_corrupt_shards_are_skipped(setup, tmp_path):
     module, data, train = setup
-    build_cache(module, data, tmp_path, shard_records=7, progress=False)
+    build_cache(module.feature_spec(), data, tmp_path, shard_records=7, progress=False)
     first = (tmp_path / "shard-00000.safetensors").stat().st_mtime_ns
     (tmp_path / "shard-00002.safetensors").unlink()  # as if killed before the last shard
-    index = build_cache(module, data, tmp_path, shard_records=7, progress=False)
+    index = build_cache(module.feature_spec(), data, tmp_path, shard_records=7, progress=False)
     assert (tmp_path / "shard-00000.safetensors").stat().st_mtime_ns == first  # kept, not rebuilt
     assert (tmp_path / "shard-00002.safetensors").is_file() and len(index["shards"]) == 3
     with open(tmp_path / "shard-00001.safetensors", "r+b") as fh:  # flip bytes in the middle
@@ -90,9 +91,9 @@ def test_hard_loss_cache_stores_labels_not_hidden_states(tmp_path):
         injection=AllButLast(num_taps=3),
         target_source=LayerLogits(3),
     ).eval()
-    data = TextDataModule(path="tests/data/tiny.jsonl", max_length=64)
+    data = TextRecords(path="tests/data/tiny.jsonl", max_length=64)
     train, _ = data.examples(module.tokenizer)
-    index = build_cache(module, data, tmp_path, shard_records=5, progress=False)
+    index = build_cache(module.feature_spec(), data, tmp_path, shard_records=5, progress=False)
     assert index["meta"]["label_hidden"] is False
     cached = CachedRecords(tmp_path)
     assert "label_hidden" not in cached[0] and cached[0]["labels"][0] == -1  # nothing predicts position 0
@@ -111,7 +112,7 @@ def test_records_are_read_lazily_and_survive_pickling(setup, tmp_path):
     import pickle
 
     module, data, _ = setup
-    build_cache(module, data, tmp_path, shard_records=7, progress=False)
+    build_cache(module.feature_spec(), data, tmp_path, shard_records=7, progress=False)
     cached = CachedRecords(tmp_path)
     first = cached[8]
     again = pickle.loads(pickle.dumps(cached))[8]
@@ -120,14 +121,14 @@ def test_records_are_read_lazily_and_survive_pickling(setup, tmp_path):
 
 def _run(module, path, max_length=64, **kw):
     """This run's expectations and training records for ``path`` at ``max_length``."""
-    data = TextDataModule(path=path, max_length=max_length, **kw)
+    data = TextRecords(path=path, max_length=max_length, **kw)
     train, _ = data.examples(module.tokenizer)
-    return run_meta(module, data, train), train
+    return run_meta(module.feature_spec(), data, train), train
 
 
 def test_a_cache_from_other_data_length_tokenizer_or_records_is_refused(setup, tmp_path):
     module, data, train = setup
-    build_cache(module, data, tmp_path / "c", progress=False)
+    build_cache(module.feature_spec(), data, tmp_path / "c", progress=False)
     expect, _ = _run(module, "tests/data/tiny.jsonl")
     assert len(CachedRecords(tmp_path / "c", expect, train)) == len(train)  # this run's own cache
     with pytest.raises(ValueError, match=r"max_length=64, this run has 32 \(--data.max_length\)"):
@@ -152,7 +153,7 @@ def _as_format_1(path):
 
 def test_a_format_1_cache_is_used_only_when_its_records_are_this_runs(setup, tmp_path):
     module, data, train = setup
-    build_cache(module, data, tmp_path, shard_records=7, progress=False)
+    build_cache(module.feature_spec(), data, tmp_path, shard_records=7, progress=False)
     _as_format_1(tmp_path)
     expect, _ = _run(module, "tests/data/tiny.jsonl")
     assert len(CachedRecords(tmp_path, expect, train)) == len(train)  # checked token by token

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from spec_drafters.cli.main import SpecDraftersCLI, check_argv_components
-from spec_drafters.data.records import TextDataModule
+from spec_drafters.lightning.datamodule import TextDataModule
 from spec_drafters.lightning.module import DFlashModule
 from spec_drafters.target.injection import AllButLast, AllTaps
 
@@ -151,7 +151,7 @@ def test_quickstart_and_its_verifier_overlay_instantiate():
         "--config",
         str(CONFIGS / "verify_humaneval.yaml"),
     )
-    assert list(cli.model.offline_verifiers) == ["chain", "ddtree_b8", "ddtree_b32", "ddtree_b128"]
+    assert list(cli.model.offline.verifiers) == ["chain", "ddtree_b8", "ddtree_b32", "ddtree_b128"]
     (callback,) = cli.trainer.callbacks
     assert [v.budget for v in callback.verifiers] == [8, 32, 128] and callback.prompt_lookup_tokens == 7
 

@@ -42,11 +42,16 @@ def batch():
     return collate([tokenize({"text": t}, tok, max_length=48) for t in texts])
 
 
+def prepare(m, batch, sampler, seed, noisy):
+    """One step's inputs as training (noisy) or validation builds them, rows 0..b-1."""
+    return m.steps(batch, sampler, m.target_source, seed, range(batch["input_ids"].shape[0]), noisy=noisy)
+
+
 @pytest.mark.parametrize("noise", [UniformNoise(0.05), GaussianNoise(0.5), InPlaceNoise()])
 def test_labels_are_bit_identical_with_and_without_noise(noise):
     b = batch()
-    clean = module(NoNoise()).prepare(b, UniformAnchors_(), seed=3, noisy=True)
-    noisy = module(noise).prepare(b, UniformAnchors_(), seed=3, noisy=True)
+    clean = prepare(module(NoNoise()), b, UniformAnchors_(), 3, True)
+    noisy = prepare(module(noise), b, UniformAnchors_(), 3, True)
     assert torch.equal(noisy.labels, clean.labels)
     assert torch.equal(noisy.supervised, clean.supervised)
     assert torch.equal(noisy.teacher(slice(None)), clean.teacher(slice(None)))
@@ -58,10 +63,10 @@ def test_labels_are_bit_identical_with_and_without_noise(noise):
 def test_noise_is_training_only_and_reproducible():
     b = batch()
     m = module(UniformNoise(0.05))
-    val = m.prepare(b, UniformAnchors_(), seed=3, noisy=False)
+    val = prepare(m, b, UniformAnchors_(), 3, False)
     assert torch.equal(val.features, val.clean_features)
-    one = m.prepare(b, UniformAnchors_(), seed=3, noisy=True)
-    two = m.prepare(b, UniformAnchors_(), seed=3, noisy=True)
+    one = prepare(m, b, UniformAnchors_(), 3, True)
+    two = prepare(m, b, UniformAnchors_(), 3, True)
     assert torch.equal(one.features, two.features)
     delta = one.features - one.clean_features
     assert delta.abs().max() <= 0.05 + 1e-6 and delta.abs().max() > 0.04

@@ -421,3 +421,31 @@ def folder_from_module(module) -> DrafterFolder:
         "module",
         meta,
     )
+
+
+def load_folder_into(
+    path: str | Path, drafter: DFlashDrafter, fc_ids: list[int], num_target_layers: int, aux_head=None
+) -> None:
+    """Starts ``drafter`` (and a confidence head, if given and stored) from a drafter folder of any
+    layout; its fc layers, shape and draft vocabulary must be the drafter's."""
+    folder = read_folder(path, num_target_layers=num_target_layers)
+    if folder.fc_ids != fc_ids:
+        raise ValueError(f"{path}: its fc reads target layers {folder.fc_ids}, this drafter's fc {fc_ids}")
+    mine, theirs = asdict(drafter.config), asdict(folder.config)
+    differ = [k for k in mine if k != "attention" and mine[k] != theirs.get(k)]
+    if differ:
+        raise ValueError(
+            f"{path}: the folder's drafter differs from this config's: "
+            + ", ".join(f"{k} {theirs.get(k)} vs {mine[k]}" for k in differ)
+        )
+    mine_ids, theirs_ids = drafter.draft_ids, folder.state.get("draft_ids")
+    if mine_ids is not None and not torch.equal(mine_ids, theirs_ids):
+        raise ValueError(
+            f"{path}: the folder's draft vocabulary ({len(theirs_ids)} tokens) is not this drafter's "
+            f"({len(mine_ids)} tokens)"
+        )
+    drafter.load_state_dict(folder.state, strict=True)
+    if aux_head is not None and "confidence_head.weight" in folder.aux:
+        aux_head.load_state_dict(
+            {"weight": folder.aux["confidence_head.weight"], "bias": folder.aux["confidence_head.bias"]}
+        )

@@ -418,8 +418,8 @@ def validate_many(argv: list[str]) -> None:
 
 
 def run_lightning(argv: list[str]) -> None:
-    from spec_drafters.data.records import TextDataModule
     from spec_drafters.lightning import callbacks  # noqa: F401 - lets YAML name our callbacks by class name
+    from spec_drafters.lightning.datamodule import TextDataModule
     from spec_drafters.lightning.module import DFlashModule
 
     load_components()
@@ -450,8 +450,8 @@ class _LoadOnly(SpecDraftersCLI):
 def load_module(argv: list[str], quiet: bool = False, with_data: bool = False):
     """A DFlashModule from LightningCLI arguments, with the checkpoint's drafter weights loaded
     (and the data module with it when ``with_data``)."""
-    from spec_drafters.data.records import TextDataModule
     from spec_drafters.lightning import callbacks  # noqa: F401
+    from spec_drafters.lightning.datamodule import TextDataModule
     from spec_drafters.lightning.module import DFlashModule
 
     load_components()
@@ -580,7 +580,9 @@ def cache_cmd(argv: list[str]) -> None:
     ap.add_argument("--shard_records", type=int, default=64)
     args, rest = ap.parse_known_args(argv)
     module, data = load_module(rest, quiet=True, with_data=True)
-    index = build_cache(module, data, args.out, args.dtype, args.shard_records, batch_size=data.batch_size)
+    index = build_cache(
+        module.feature_spec(), data, args.out, args.dtype, args.shard_records, batch_size=data.batch_size
+    )
     per_k = index["bytes"] / max(1, index["tokens"]) * 1000
     print(
         f"cache {args.out}: {len(index['shards'])} shards, {index['meta']['records']} records, "

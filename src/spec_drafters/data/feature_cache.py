@@ -29,6 +29,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import warnings
 from pathlib import Path
 
 import torch
@@ -36,6 +37,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from spec_drafters.errors import InputError
+from spec_drafters.target.features import FeatureSpec
 from spec_drafters.target.loaders import sha256_file
 
 #: 2: meta records the tokenizer, the data file's sha256, max_length and the record count; hard labels
@@ -58,16 +60,14 @@ CHECKED_V1 = ("target", "fc_ids", "label_source")
 REBUILD = "rebuild it for this run with spec-drafters cache (same --config and --data.* as the run)"
 
 
-def run_meta(module, data, examples: list) -> dict:
-    """The CHECKED values of this run (and its data path, for messages): ``data`` a TextDataModule,
-    ``examples`` its training records."""
-    from spec_drafters.registry import name_of
-
+def run_meta(spec: FeatureSpec, data, examples: list) -> dict:
+    """The CHECKED values of this run (and its data path, for messages): ``spec`` its target side,
+    ``data`` its TextRecords, ``examples`` its training records."""
     return {
-        "target": module.card.name,
-        "fc_ids": list(module.fc_ids),
-        "label_source": name_of(module.target_source),
-        "tokenizer": module.tokenizer.identity(),
+        "target": spec.identity["target"],
+        "fc_ids": list(spec.fc_ids),
+        "label_source": spec.identity["label_source"],
+        "tokenizer": spec.identity["tokenizer"],
         "data_sha256": sha256_file(Path(data.path)),
         "max_length": data.max_length,
         "records": len(examples),
@@ -83,7 +83,7 @@ def _write_json(path: Path, data: dict) -> None:
 
 @torch.no_grad()
 def build_cache(
-    module,
+    spec: FeatureSpec,
     data,
     out: str | Path,
     dtype: str = "float32",
@@ -91,22 +91,21 @@ def build_cache(
     batch_size: int = 4,
     progress: bool = True,
 ) -> dict:
-    """Runs the target over the training records of ``data`` (a TextDataModule) and writes the
-    cache; returns the index."""
+    """Runs the target over the training records of ``data`` (TextRecords) and writes the cache;
+    returns the index."""
     from spec_drafters.data.records import collate
 
     store = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(dtype)
     if store is None:
         raise ValueError(f"--dtype must be float32 or bfloat16, got {dtype!r}")
-    examples, _ = data.examples(module.tokenizer)
+    examples, _ = data.examples(spec.tokenizer)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    source = module.target_source
-    soft = module.loss_fn.needs_distribution
+    soft = spec.soft
     meta = {
         "format": FORMAT,
-        **run_meta(module, data, examples),
-        "label_layers": source.layer_ids(module.card),
+        **run_meta(spec, data, examples),
+        "label_layers": spec.identity["label_layers"],
         "dtype": dtype,
         "label_hidden": soft,
     }
@@ -144,20 +143,16 @@ def build_cache(
         for b in range(0, len(chunk), batch_size):
             group = chunk[b : b + batch_size]
             batch = collate(group)
-            tgt = module.target
-            out_ = tgt(batch["input_ids"], attention_mask=batch["attention_mask"])
-            feats = torch.cat([out_.taps[i] for i in module.fc_ids], dim=-1)  # (b, S, n*H)
-            hidden = source.predictor_hidden(tgt, out_) if source.has_distribution else None  # (b, S, H)
-            labels, valid = source.hard_labels_from(tgt, hidden, batch["input_ids"])  # (b, S)
-            labels = labels.masked_fill(~valid, -1).to(torch.int32)
+            feats = spec(batch["input_ids"], batch["attention_mask"])  # what online training computes
+            labels = feats.labels.masked_fill(~feats.label_ok, -1).to(torch.int32)  # (b, S)
             for i, ex in enumerate(group):
                 n = len(ex.input_ids)
                 parts["input_ids"].append(torch.tensor(ex.input_ids))
                 parts["loss_mask"].append(torch.tensor(ex.loss_mask))
-                parts["features"].append(feats[i, :n].to(store))
+                parts["features"].append(feats.clean[i, :n].to(store))
                 parts["labels"].append(labels[i, :n])
                 if soft:
-                    parts["label_hidden"].append(hidden[i, :n].to(store))
+                    parts["label_hidden"].append(feats.hidden[i, :n].to(store))
         lengths = torch.tensor([len(ex.input_ids) for ex in chunk])
         tensors = {k: torch.cat(v).contiguous() for k, v in parts.items() if v}
         tensors["offsets"] = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
@@ -191,8 +186,6 @@ class CachedRecords(torch.utils.data.Dataset):
     def __init__(self, path: str | Path, expect: dict | None = None, examples: list | None = None):
         """``expect``: this run's CHECKED values (run_meta); ``examples``: its training records, which
         a format-1 cache must equal token for token (it did not record what it was built from)."""
-        from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
-
         path = Path(path)
         if not (path / "index.json").is_file():
             raise FileNotFoundError(
@@ -209,6 +202,7 @@ class CachedRecords(torch.utils.data.Dataset):
         self.files: list[Path] = []
         self.records: list[tuple[int, int, int]] = []  # (shard, first token, end token)
         self.skipped: list[str] = []
+        self.notes: list[str] = []  # for the run's log
         for shard in index["shards"]:
             file = path / shard["file"]
             if not file.is_file() or sha256_file(file) != shard["sha256"]:
@@ -220,12 +214,15 @@ class CachedRecords(torch.utils.data.Dataset):
             self.files.append(file)
         self._open: dict[int, object] = {}
         if self.skipped:
-            rank_zero_warn(f"--data.cache: skipped shards failing their checksum or missing: {self.skipped}")
+            warnings.warn(
+                f"--data.cache: skipped shards failing their checksum or missing: {self.skipped}",
+                stacklevel=2,
+            )
         if not self.records:
             raise ValueError(f"--data.cache {path}: no usable shard")
         if legacy and expect is not None:
             _check_records(path, [self[i] for i in range(len(self))], self.skipped, examples)
-            rank_zero_info(f"--data.cache {path}: a format-1 cache; its records equal this run's")
+            self.notes.append(f"--data.cache {path}: a format-1 cache; its records equal this run's")
 
     def __len__(self) -> int:
         return len(self.records)

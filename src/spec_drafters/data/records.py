@@ -12,10 +12,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import lightning.pytorch as pl
 import torch
-from lightning.pytorch.utilities import rank_zero_info
-from torch.utils.data import DataLoader, DistributedSampler
+from torch.utils.data import DistributedSampler
 
 from spec_drafters.errors import InputError
 
@@ -151,8 +149,8 @@ class EpochShuffle(DistributedSampler):
         return self.total // (self.batch_size * self.num_replicas) * self.batch_size
 
 
-class TextDataModule(pl.LightningDataModule):
-    """Tokenizes with the model's target tokenizer (read from the LightningModule at ``setup``).
+class TextRecords:
+    """A run's training and validation records, tokenized by the target's tokenizer.
 
     Args:
         path: JSONL(.gz) file; default is the shipped stdlib corpus answered by the embedded target.
@@ -179,7 +177,6 @@ class TextDataModule(pl.LightningDataModule):
         seed: int = 0,
         cache: str | None = None,
     ):
-        super().__init__()
         if max_length < 4:
             raise ValueError(f"--data.max_length must be >= 4, got {max_length}")
         if batch_size < 1:
@@ -190,6 +187,7 @@ class TextDataModule(pl.LightningDataModule):
         self.seed, self.cache = seed, cache
         self.train: list = []
         self.val: list[Example] = []
+        self.notes: list[str] = []  # what reading the records found, for the run's log
 
     def _split(self) -> tuple[list[tuple[int, dict]], list[tuple[int, dict]]]:
         if self.val_path:
@@ -213,7 +211,7 @@ class TextDataModule(pl.LightningDataModule):
             else:
                 examples.append(ex)
         truncated = sum(e.truncated for e in examples)
-        rank_zero_info(
+        self.notes.append(
             f"{name}: {len(examples)} sequences, {skipped} skipped (fewer than 2 supervised tokens), "
             f"{truncated} truncated to --data.max_length {self.max_length}"
         )
@@ -228,37 +226,3 @@ class TextDataModule(pl.LightningDataModule):
             self._tokenize(train, self.max_train_records, "train", tokenizer),
             self._tokenize(val, self.max_val_records, "val", tokenizer),
         )
-
-    def setup(self, stage: str) -> None:
-        if self.train or self.val:
-            return
-        module = self.trainer.lightning_module
-        self.train, self.val = self.examples(module.tokenizer)
-        if self.cache:  # the records are tokenized all the same: the cache must have been built from them
-            from spec_drafters.data.feature_cache import CachedRecords, run_meta
-
-            expect = run_meta(module, self, self.train)
-            if module.loss_fn.needs_distribution:  # soft losses read the cached label hidden state
-                expect["label_hidden"] = True
-            self.train = CachedRecords(self.cache, expect, examples=self.train)
-            rank_zero_info(f"train: {len(self.train)} cached records from {self.cache}")
-
-    def train_dataloader(self) -> DataLoader:
-        trainer = self.trainer
-        world, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
-        sampler = EpochShuffle(len(self.train), self.seed, self.batch_size, world, rank)
-        loop = trainer.fit_loop if trainer is not None else None
-        if loop is not None and loop.restarting:  # resuming mid-epoch: skip what was trained on
-            # "processed": batches whose training step ran (a checkpoint written in on_train_batch_end
-            # counts its own batch as processed but not yet completed).
-            sampler.resume_at(trainer.current_epoch, loop.epoch_loop.batch_progress.current.processed)
-        if self.cache:
-            from spec_drafters.data.feature_cache import collate_cached
-
-            return DataLoader(
-                self.train, batch_size=self.batch_size, sampler=sampler, collate_fn=collate_cached
-            )
-        return DataLoader(self.train, batch_size=self.batch_size, sampler=sampler, collate_fn=collate)
-
-    def val_dataloader(self) -> DataLoader:
-        return DataLoader(self.val, batch_size=self.val_batch_size, shuffle=False, collate_fn=collate)

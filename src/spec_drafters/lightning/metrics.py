@@ -8,7 +8,10 @@ means (what z-lab and the DDTree paper report) and the pooled mean over all bloc
 from __future__ import annotations
 
 import torch
+from torch import nn
 from torchmetrics import Metric
+
+from spec_drafters.decode.verifiers import Verifier
 
 
 class SlotAccuracy(Metric):
@@ -107,3 +110,58 @@ class Calibration(Metric):
         # Expected calibration error over the cells, weighted by their stated mass.
         ece = ((stated - empirical).abs() * stated).sum() / stated.sum().clamp(min=1e-12)
         return {"stated": stated, "empirical": empirical, "ece": ece}
+
+
+class OfflineAcceptance(nn.Module):
+    """One validation's teacher-forced numbers: slot accuracy, tau and the acceptance curve of each
+    verifier, and the calibration table.
+
+    Keys: ``acc_slot<d>``, ``acc``, ``tau``/``tau_pooled``/``accept_ge<d>`` for the greedy chain and
+    the same with ``_<label>`` for every other verifier (``_ddtree_b32``), ``calibration_ece``.
+    """
+
+    def __init__(self, block_size: int, verifiers: dict[str, Verifier]):
+        super().__init__()
+        self.verifiers = verifiers  # label -> verifier; "chain" is the greedy chain, logged unsuffixed
+        depth = block_size - 1
+        self.acc = SlotAccuracy(block_size)
+        self.tau = nn.ModuleDict({k: AcceptanceLength() for k in verifiers})
+        self.curve = nn.ModuleDict({k: AcceptanceCurve(depth) for k in verifiers})
+        self.calibration = Calibration(depth, ranks=4)
+
+    def update(self, per_block: torch.Tensor, labels: torch.Tensor, anchor_ok: torch.Tensor) -> None:
+        """per_block (A, K-1, V) drafter logits of the A valid anchors (full blocks, in order of
+        ``anchor_ok`` (b, N)), labels (A, K-1)."""
+        everywhere = torch.ones_like(labels, dtype=torch.bool)
+        self.acc.update(per_block.argmax(-1) == labels, everywhere)
+        for label, verifier in self.verifiers.items():
+            accepted = verifier.offline_accepted(per_block, labels, everywhere)  # (A,)
+            per_anchor = torch.zeros(anchor_ok.shape, dtype=torch.long, device=labels.device)
+            per_anchor[anchor_ok] = accepted
+            self.tau[label].update(per_anchor, anchor_ok)
+            self.curve[label].update(accepted)
+        self.calibration.update(per_block, labels)
+
+    def compute(self) -> tuple[dict[str, float], dict[str, list[float]], dict]:
+        """-> (metrics, per-verifier acceptance curves, calibration table); then resets."""
+        acc = self.acc.compute().tolist()
+        metrics = {f"acc_slot{i}": a for i, a in enumerate(acc, start=1)}
+        metrics["acc"] = sum(acc) / len(acc)
+        curves = {}
+        for label in self.verifiers:
+            suffix = "" if label == "chain" else f"_{label}"
+            metrics.update({f"{k}{suffix}": v.item() for k, v in self.tau[label].compute().items()})
+            curves[label] = self.curve[label].compute().tolist()
+            metrics.update({f"accept_ge{d}{suffix}": f for d, f in enumerate(curves[label], start=1)})
+        cal = self.calibration.compute()
+        metrics["calibration_ece"] = cal["ece"].item()
+        table = {
+            "rows": "block slot (depth) 1..K-1",
+            "columns": "drafter rank 1..4",
+            "stated": cal["stated"].tolist(),
+            "empirical": cal["empirical"].tolist(),
+            "ece": cal["ece"].item(),
+        }
+        for metric in (self.acc, *self.tau.values(), *self.curve.values(), self.calibration):
+            metric.reset()
+        return metrics, curves, table

@@ -1,0 +1,76 @@
+"""The LightningDataModule: a run's records (data/records.py), online or from an offline feature
+cache (data/feature_cache.py), in the epoch order a resumed run continues exactly."""
+
+from __future__ import annotations
+
+import lightning.pytorch as pl
+from lightning.pytorch.utilities import rank_zero_info
+from torch.utils.data import DataLoader
+
+from spec_drafters.data.feature_cache import CachedRecords, collate_cached, run_meta
+from spec_drafters.data.records import EpochShuffle, TextRecords, collate
+
+
+class TextDataModule(TextRecords, pl.LightningDataModule):
+    """Tokenizes with the target's tokenizer (the LightningModule's, at ``setup``).
+
+    Args:
+        path: JSONL(.gz) file; default is the shipped stdlib corpus answered by the embedded target.
+        val_path: a separate validation file; if unset, records are split by their "split" field.
+        max_length: tokens per sequence (prompt + response), longer ones are truncated.
+        batch_size: sequences per training step.
+        val_batch_size: sequences per validation step (default: batch_size).
+        max_train_records: use only the first this many training records.
+        max_val_records: use only the first this many validation records.
+        seed: the training order of every epoch (resumed runs continue it exactly).
+        cache: train from this offline cache (``spec-drafters cache``) instead of running the target
+            over the training text; validation stays online.
+    """
+
+    def __init__(
+        self,
+        path: str = "data/stdlib_smollm2.jsonl.gz",
+        val_path: str | None = None,
+        max_length: int = 512,
+        batch_size: int = 4,
+        val_batch_size: int | None = None,
+        max_train_records: int | None = None,
+        max_val_records: int | None = None,
+        seed: int = 0,
+        cache: str | None = None,
+    ):
+        pl.LightningDataModule.__init__(self)
+        TextRecords.__init__(
+            self, path, val_path, max_length, batch_size, val_batch_size, max_train_records, max_val_records,
+            seed, cache,
+        )  # fmt: skip
+
+    def setup(self, stage: str) -> None:
+        if self.train or self.val:
+            return
+        spec = self.trainer.lightning_module.feature_spec()
+        self.train, self.val = self.examples(spec.tokenizer)
+        if self.cache:  # the records are tokenized all the same: the cache must have been built from them
+            expect = run_meta(spec, self, self.train)
+            if spec.soft:  # soft losses read the cached label hidden state
+                expect["label_hidden"] = True
+            self.train = CachedRecords(self.cache, expect, examples=self.train)
+            self.notes += [*self.train.notes, f"train: {len(self.train)} cached records from {self.cache}"]
+        for note in self.notes:
+            rank_zero_info(note)
+        self.notes = []
+
+    def train_dataloader(self) -> DataLoader:
+        trainer = self.trainer
+        world, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+        sampler = EpochShuffle(len(self.train), self.seed, self.batch_size, world, rank)
+        loop = trainer.fit_loop if trainer is not None else None
+        if loop is not None and loop.restarting:  # resuming mid-epoch: skip what was trained on
+            # "processed": batches whose training step ran (a checkpoint written in on_train_batch_end
+            # counts its own batch as processed but not yet completed).
+            sampler.resume_at(trainer.current_epoch, loop.epoch_loop.batch_progress.current.processed)
+        collate_fn = collate_cached if self.cache else collate
+        return DataLoader(self.train, batch_size=self.batch_size, sampler=sampler, collate_fn=collate_fn)
+
+    def val_dataloader(self) -> DataLoader:
+        return DataLoader(self.val, batch_size=self.val_batch_size, shuffle=False, collate_fn=collate)
