@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from spec_drafters.decode.acceptance import accepted_nodes
 from spec_drafters.decode.verifiers import Verifier
 from spec_drafters.model.drafter import ContextCache, DFlashDrafter
 from spec_drafters.model.kernels import packed_linears as _packed
@@ -252,18 +253,13 @@ def _draft_logits(
 
 
 def accept_path(ids: list[int], parents: list[int], posterior: list[int]) -> list[int]:
-    """From the root (node 0), follow the child whose token is the target's next token; stop when none is.
+    """The accepted path of a verified tree, the root (node 0, the bonus) first (acceptance.py).
 
-    ``posterior[i]`` is the target's greedy token after node i (the target saw node i's ancestors and
-    itself). Returns the node indices of the accepted path, the root first.
+    ``ids``/``parents``: the verified nodes, root first (its parent -1, the others' parents index this
+    list); ``posterior[i]`` is the target's greedy token after node i.
     """
-    children: dict[int, dict[int, int]] = {}
-    for i in range(1, len(ids)):
-        children.setdefault(parents[i], {}).setdefault(ids[i], i)
-    path = [0]
-    while (nxt := children.get(path[-1], {}).get(posterior[path[-1]])) is not None:
-        path.append(nxt)
-    return path
+    nodes = accepted_nodes(ids[1:], [p - 1 for p in parents[1:]], lambda node, _depth: posterior[node + 1])
+    return [0, *(n + 1 for n in nodes)]
 
 
 def tree_attention_mask(ctx_len: int, parents: list[int], dtype: torch.dtype, device) -> torch.Tensor:

@@ -2,7 +2,7 @@
 
 Each verifier works offline (teacher-forced: the labels are what the target would have said) and in
 real decoding, where it turns one drafter pass into a draft tree (``propose``) that the target checks
-in one forward (decoding.py). The greedy chain is the tree whose nodes each have one child.
+in one forward (generate.py). The greedy chain is the tree whose nodes each have one child.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from spec_drafters.decode.acceptance import accepted_depth
 from spec_drafters.registry import register
 
 
@@ -36,6 +37,7 @@ class GreedyChain(Verifier):
     """The "vanilla streak": the longest prefix of drafts equal to the target's greedy tokens."""
 
     def offline_accepted(self, draft_logits, labels, valid):
+        # The tree walk on a chain, batched: the longest prefix of slots whose draft is the label.
         hit = (draft_logits.argmax(-1) == labels) & valid  # (B, K-1)
         return hit.long().cumprod(dim=1).sum(dim=1)  # (B,)
 
@@ -89,17 +91,8 @@ def build_tree(top_logprobs: torch.Tensor, top_tokens: torch.Tensor, budget: int
 
 
 def walk_tree(tree: DraftTree, targets: list[int]) -> int:
-    """Accepted depth: from the root, follow the child whose token is the target's; stop when none is."""
-    children: dict[int, dict[int, int]] = {}
-    for i, (t, p) in enumerate(zip(tree.tokens, tree.parents, strict=True)):
-        children.setdefault(p, {}).setdefault(t, i)
-    node, accepted = -1, 0
-    for want in targets:
-        nxt = children.get(node, {}).get(want)
-        if nxt is None:
-            break
-        node, accepted = nxt, accepted + 1
-    return accepted
+    """Accepted depth of a tree when the target's tokens by depth are ``targets`` (acceptance.py)."""
+    return accepted_depth(tree.tokens, tree.parents, targets)
 
 
 @register("verifier", "ddtree")
@@ -112,7 +105,7 @@ class DDTree(Verifier):
 
     def __init__(self, budget: int = 256):
         if budget < 1:
-            raise ValueError(f"--model.verifier.init_args.budget must be >= 1, got {budget}")
+            raise ValueError(f"budget must be >= 1, got {budget}")
         self.budget = budget
 
     def tree(self, draft_logits: torch.Tensor) -> DraftTree:
