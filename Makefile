@@ -1,6 +1,6 @@
 # Two commands for a fresh machine:
 #   make demo   set up, train a drafter for the embedded SmolLM2 target, validate it against an untrained one
-#   make test   set up, lint, and run the test suite
+#   make test   set up, lint (ruff, the import contract in .importlinter), and run the test suite
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
@@ -74,6 +74,7 @@ reference: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/lint-imports --no-cache
 
 test: lint
 	$(BIN)/python -m pytest -q tests
