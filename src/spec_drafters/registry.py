@@ -51,7 +51,7 @@ BUILTIN_MODULES = (
     "spec_drafters.data.prompts",
 )
 
-#: Entry-point group through which other packages add components (see README, "Plugins").
+#: Entry-point group through which other packages add components (docs/components.md, "Plugins").
 PLUGIN_GROUP = "spec_drafters.components"
 
 

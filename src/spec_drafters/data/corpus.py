@@ -1,6 +1,6 @@
 """The offline training corpus: Python-stdlib prompts answered by the target itself.
 
-Why this corpus (README, "Training data"):
+Why this corpus (docs/data.md, "The training corpus"):
 - It exists offline on every machine that has Python: the prompts are function signatures and
   docstrings from the standard library's own source, in the same shape as HumanEval prompts
   (signature + docstring, the model writes the body), so the drafter learns the target's behaviour

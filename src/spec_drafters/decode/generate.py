@@ -15,7 +15,7 @@ The output equals the target's own greedy decoding token for token: every commit
 the target chose given exactly the committed prefix.
 
 Both decoders run the target's (and the drafter's) linear layers on prepacked oneDNN weights when
-``packed_linears`` is set (the default; kernels.py): on CPU this makes a K-token verify forward cost
+``packed_linears`` is set (the default; model/kernels.py): on CPU this makes a K-token verify forward cost
 little more than a one-token step. Packing happens once, before the clock starts, and both decoders
 get it, so their speedup ratio compares like with like.
 """
@@ -145,7 +145,7 @@ def speculative_generate(
     eos_ids: list[int],
     packed_linears: bool = True,
 ) -> DecodeResult:
-    """``packed_linears``: run the linear layers on prepacked oneDNN weights (CPU; see kernels.py)."""
+    """``packed_linears``: run the linear layers on prepacked oneDNN weights (CPU; see model/kernels.py)."""
     with _packed(target, drafter, enabled=packed_linears):  # packs once, outside the timing
         return _speculative(target, drafter, fc_ids, verifier, prompt, max_new_tokens, eos_ids)
 

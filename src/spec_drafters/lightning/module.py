@@ -60,7 +60,7 @@ class DFlashModule(pl.LightningModule):
         mask: the training attention mask.
         anchors: anchor sampling for training.
         verifier: acceptance rule for the offline and real-decoding metrics.
-        draft_vocab: the target tokens the drafter may propose (default: all; vocab.py).
+        draft_vocab: the target tokens the drafter may propose (default: all; model/vocab.py).
         eval_verifiers: more verifiers measured offline in validation (e.g. DDTree at several budgets).
         init_from: a drafter folder (any layout: ours, z-lab's, speculators') whose weights start this
             drafter; its fc layers and shape must be this config's (e.g. to validate a reference drafter).

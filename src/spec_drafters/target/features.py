@@ -2,8 +2,7 @@
 
 One function per rule, called by training (online), the offline feature cache and decoding, so the
 three cannot drift apart: the fc input is the chosen taps concatenated in injection order
-(docs/method.md, "KV injection"); the label of position t is the source's token at t
-(docs/method.md, "labels").
+(docs/method.md section 1); the label of position t is the source's token at t (section 2, items 5-6).
 """
 
 from __future__ import annotations
