@@ -50,11 +50,15 @@ def test_default_is_adamw_with_warmup_cosine(tmp_path):
 
 
 def test_optimizer_and_scheduler_from_the_command_line(tmp_path):
-    ckpt = _fit(
-        tmp_path,
-        "--model.optimizer", "torch.optim.SGD", "--model.optimizer.lr", "0.05", "--model.optimizer.momentum", "0.9",
-        "--model.lr_scheduler", "torch.optim.lr_scheduler.ConstantLR", "--model.lr_scheduler.factor", "0.5",
-    )  # fmt: skip
+    sgd = ["--model.optimizer", "torch.optim.SGD", "--model.optimizer.lr", "0.05"]
+    sgd += ["--model.optimizer.momentum", "0.9"]
+    constant = [
+        "--model.lr_scheduler",
+        "torch.optim.lr_scheduler.ConstantLR",
+        "--model.lr_scheduler.factor",
+        "0.5",
+    ]
+    ckpt = _fit(tmp_path, *sgd, *constant)
     group = ckpt["optimizer_states"][0]["param_groups"][0]
     assert group["momentum"] == 0.9 and group["initial_lr"] == pytest.approx(0.05) and "betas" not in group
     assert ckpt["lr_schedulers"][0]["factor"] == 0.5
