@@ -32,12 +32,11 @@ def test_bad_records_and_long_or_empty_ones(tmp_path, caplog):
         main([*TINY, "--data.path", str(tmp_path / "missing.jsonl")])
 
 
-def test_bad_target_layers_and_mask_tokens_name_the_field(tmp_path):
-    with pytest.raises(
-        ValueError, match=r"--model.injection.init_args.layer_ids has layer ids \[6\] outside"
-    ):
+def test_bad_target_layers_and_mask_tokens_name_the_flag_and_field(tmp_path):
+    error = r"^spec-drafters: error: "
+    with pytest.raises(SystemExit, match=error + r"--model.injection: layer_ids has layer ids \[6\] outside"):
         main([*TINY, "--model.injection", "ExplicitTaps", "--model.injection.init_args.layer_ids", "[1, 6]"])
-    with pytest.raises(ValueError, match=r"--model.target_source.init_args.layer_id 9"):
+    with pytest.raises(SystemExit, match=error + r"--model.target_source: layer_id 9 is outside"):
         main([*TINY, "--model.target_source", "LayerLogits", "--model.target_source.init_args.layer_id", "9"])
-    with pytest.raises(ValueError, match=r"--model.target: mask token id 400 is outside"):
+    with pytest.raises(SystemExit, match=error + r"--model.target: mask token id 400 is outside"):
         main([*TINY, "--model.target.init_args.mask_token_id", "400"])

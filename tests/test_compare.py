@@ -5,8 +5,8 @@ import json
 from pathlib import Path
 
 from conftest import tiny_drafter, tiny_target
+from spec_drafters.artefacts.diff import distinct_labels
 from spec_drafters.artefacts.folders import DrafterFolder, write_folder
-from spec_drafters.artefacts.tools import distinct_labels
 from spec_drafters.cli.main import main
 
 

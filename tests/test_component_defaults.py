@@ -14,8 +14,8 @@ import typing
 import pytest
 import yaml
 
-from spec_drafters.artefacts.tools import lint_config
 from spec_drafters.cli.main import SpecDraftersCLI, check_argv_components, load_module, main
+from spec_drafters.cli.tools import lint_config
 from spec_drafters.lightning.datamodule import TextDataModule
 from spec_drafters.lightning.module import DFlashModule
 from spec_drafters.registry import component_class, entries

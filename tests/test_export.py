@@ -105,8 +105,8 @@ def test_zlab_folder_gives_the_same_block_logits_as_zlab_model_code(tmp_path):
 
 def test_checkpoint_export_reimport_and_side_by_side_validation(tmp_path, capsys):
     """fit -> drafter folder (ExportDrafter) and z-lab export -> validate all of them on the same data."""
-    from spec_drafters.artefacts.tools import diff
     from spec_drafters.cli.main import main
+    from spec_drafters.cli.tools import diff
 
     tiny = ["--config", "tests/configs/tiny.yaml", "--trainer.logger", "false"]
     main(

@@ -8,8 +8,9 @@ import torch
 
 from conftest import tiny_drafter, tiny_target
 from spec_drafters.artefacts.folders import DrafterFolder, write_folder
-from spec_drafters.artefacts.tools import diff, inspect_drafter, lint_config
+from spec_drafters.artefacts.inspect import inspect_drafter
 from spec_drafters.cli.main import main
+from spec_drafters.cli.tools import diff, lint_config
 from spec_drafters.model.masks import DFlashBlockMask, context_before_anchor, training_mask
 
 TINY = ["--config", "tests/configs/tiny.yaml"]

@@ -27,7 +27,8 @@ class TargetOutput:
 
 
 def validate_layer_ids(ids: Sequence[int], num_layers: int, field: str) -> list[int]:
-    """Checks a list of target layer ids and names the offending config field."""
+    """Checks a list of target layer ids; ``field`` names them in the error, as the caller's argument
+    (``layer_ids``), never as a command-line flag: the caller's caller knows the flag."""
     ids = list(ids)
     if not ids:
         raise ValueError(f"{field} must name at least one target layer")

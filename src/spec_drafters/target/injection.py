@@ -19,8 +19,6 @@ from spec_drafters.target.frozen import validate_layer_ids
 if TYPE_CHECKING:
     from spec_drafters.target.loaders import TargetCard
 
-FLAG = "--model.injection.init_args"
-
 
 def zlab_layer_ids(num_layers: int, num_taps: int) -> list[int]:
     """z-lab's default spread of ``num_taps`` taps over ``num_layers`` (docs/method.md section 1).
@@ -28,7 +26,7 @@ def zlab_layer_ids(num_layers: int, num_taps: int) -> list[int]:
     ``round`` is Python's (ties to even), as in the reference: L=64, m=5 -> [1, 16, 31, 46, 61].
     """
     if num_taps < 1:
-        raise ValueError(f"{FLAG}.num_taps must be >= 1, got {num_taps}")
+        raise ValueError(f"num_taps must be >= 1, got {num_taps}")
     if num_taps == 1:
         return [num_layers // 2]
     if num_layers < 4:
@@ -66,7 +64,7 @@ class _TapList(Injection):
     def __init__(self, layer_ids: list[int] | None = None, num_taps: int | None = None):
         if layer_ids is not None and num_taps is not None:  # name both: one may come from an earlier config
             raise ValueError(
-                f"{FLAG}: set layer_ids or num_taps, not both (got layer_ids {list(layer_ids)} and num_taps "
+                f"set layer_ids or num_taps, not both (got layer_ids {list(layer_ids)} and num_taps "
                 f"{num_taps}; switching class_path keeps the previous class's num_taps, set it to null)"
             )
         self.layer_ids = None if layer_ids is None else list(layer_ids)
@@ -74,10 +72,10 @@ class _TapList(Injection):
 
     def tap_ids(self, card):
         if self.layer_ids is not None:
-            return validate_layer_ids(self.layer_ids, card.num_layers, f"{FLAG}.layer_ids")
+            return validate_layer_ids(self.layer_ids, card.num_layers, "layer_ids")
         if self.num_taps is not None:
             ids = zlab_layer_ids(card.num_layers, self.num_taps)
-            return validate_layer_ids(ids, card.num_layers, f"{FLAG}.num_taps")
+            return validate_layer_ids(ids, card.num_layers, "num_taps")
         if card.default_tap_ids:
             field = f"default_tap_ids of target card {card.name!r}"
             return validate_layer_ids(card.default_tap_ids, card.num_layers, field)
@@ -86,8 +84,7 @@ class _TapList(Injection):
             return validate_layer_ids(ids, card.num_layers, f"z-lab's 5 taps over {card.num_layers} layers")
         except ValueError as e:  # the config set neither field: say so, and which ones to set
             raise ValueError(
-                f"{FLAG}: target card {card.name!r} has no default_tap_ids, and {e}; "
-                f"set {FLAG}.layer_ids or {FLAG}.num_taps"
+                f"target card {card.name!r} has no default_tap_ids, and {e}; set layer_ids or num_taps"
             ) from None
 
 
@@ -107,7 +104,7 @@ class AllButLast(_TapList):
     def fc_ids(self, card):
         taps = self.tap_ids(card)
         if len(taps) < 2:
-            raise ValueError(f"{FLAG}: all_but_last needs at least 2 tapped layers, got {taps}")
+            raise ValueError(f"all_but_last needs at least 2 tapped layers, got {taps}")
         return taps[:-1]
 
 
@@ -125,14 +122,14 @@ class CustomInjection(Injection):
         self.fc = list(fc)
 
     def tap_ids(self, card):
-        return validate_layer_ids(self.taps, card.num_layers, f"{FLAG}.taps")
+        return validate_layer_ids(self.taps, card.num_layers, "taps")
 
     def fc_ids(self, card):
         taps = self.tap_ids(card)
-        fc = validate_layer_ids(self.fc, card.num_layers, f"{FLAG}.fc")
+        fc = validate_layer_ids(self.fc, card.num_layers, "fc")
         extra = sorted(set(fc) - set(taps))
         if extra:
-            raise ValueError(f"{FLAG}.fc ids {extra} are not in taps {taps}")
+            raise ValueError(f"fc ids {extra} are not in taps {taps}")
         return fc
 
 

@@ -102,8 +102,8 @@ class LayerLogits(TargetSource):
         i = self.layer_id + num_layers if self.layer_id < 0 else self.layer_id
         if not 0 <= i < num_layers:
             raise ValueError(
-                f"--model.target_source.init_args.layer_id {self.layer_id} is outside the target's "
-                f"{num_layers} layers (0..{num_layers - 1}, or -{num_layers}..-1 from the end)"
+                f"layer_id {self.layer_id} is outside the target's {num_layers} layers "
+                f"(0..{num_layers - 1}, or -{num_layers}..-1 from the end)"
             )
         return i
 

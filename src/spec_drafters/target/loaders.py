@@ -152,7 +152,7 @@ def _dtype(name: str) -> torch.dtype:
         "float16": torch.float16,
     }
     if name not in table:
-        raise ValueError(f"--model.target.init_args.dtype must be one of {sorted(table)}, got {name!r}")
+        raise ValueError(f"dtype must be one of {sorted(table)}, got {name!r}")
     return table[name]
 
 
@@ -301,14 +301,14 @@ class HFPretrained(TargetLoader):
         if self.meta:
             model, tokenizer = _build_on_meta(folder, self.card, _dtype(self.dtype)), None
         elif not folder.is_dir():
-            raise FileNotFoundError(f"--model.target.init_args.path {self.path!r} is not a folder")
+            raise FileNotFoundError(f"the target path {self.path!r} is not a folder")
         else:
             model, tokenizer = _load_folder(folder, _dtype(self.dtype))
         if self.card:
             card = TargetCard.load(self.card)
         else:
             if self.mask_token_id is None:
-                raise ValueError("--model.target.init_args.mask_token_id is required when no card is named")
+                raise ValueError("mask_token_id is required when no card is named")
             card = _card_from_model(folder.name, model, self.mask_token_id)
         if self.mask_token_id is not None:
             card.mask_token_id = self.mask_token_id
@@ -326,7 +326,8 @@ def _build_on_meta(folder: Path, card_name: str | None, dtype: torch.dtype) -> n
         config = AutoConfig.for_model(fields.pop("model_type"), **fields)
     else:
         raise FileNotFoundError(
-            f"--model.target.init_args.meta: no config.json in {str(folder)!r} and no hf_config in the card"
+            f"no config.json in {str(folder)!r} and no hf_config in the card: nothing to build the target "
+            "on the meta device from"
         )
     with torch.device("meta"):
         return AutoModelForCausalLM.from_config(config, dtype=dtype)
@@ -372,9 +373,7 @@ class TinyRandom(TargetLoader):
         mask_token_id: int = ByteTokenizer.mask_token_id,
     ):
         if architecture not in ("qwen3", "llama"):
-            raise ValueError(
-                f"--model.target.init_args.architecture must be qwen3 or llama, got {architecture!r}"
-            )
+            raise ValueError(f"architecture must be qwen3 or llama, got {architecture!r}")
         self.architecture, self.num_layers, self.hidden_size = architecture, num_layers, hidden_size
         self.num_heads, self.num_kv_heads, self.seed, self.dtype = num_heads, num_kv_heads, seed, dtype
         self.mask_token_id = mask_token_id

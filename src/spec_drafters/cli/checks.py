@@ -1,0 +1,175 @@
+"""Component names in config files and ``--model.*`` overrides, checked against the registry before
+LightningCLI parses anything: an unknown name fails with the list of valid ones (jsonargparse alone
+only says "expected a dot import path"). Also the config-file reader that names the file and line.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import typing
+from pathlib import Path
+
+import yaml
+
+from spec_drafters.errors import InputError
+from spec_drafters.registry import UnknownComponentError, lookup, valid_names
+
+
+def _component_base(annotation) -> type | None:
+    return annotation if inspect.isclass(annotation) and hasattr(annotation, "component_kind") else None
+
+
+def _resolve(base: type, name: str, flag: str) -> type:
+    kind = base.component_kind
+    try:
+        return lookup(kind, name)
+    except UnknownComponentError:
+        pass
+    if "." in name:  # a class path outside the registry: a plugin or a user's subclass
+        module, _, attr = name.rpartition(".")
+        try:
+            cls = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as e:
+            raise UnknownComponentError(
+                f"{flag}: cannot import {name!r} ({e}); registered {kind}: {valid_names(kind)}"
+            ) from None
+        if not (inspect.isclass(cls) and issubclass(cls, base)):
+            raise UnknownComponentError(f"{flag}: {name!r} is not a {base.__qualname__}")
+        return cls
+    raise UnknownComponentError(f"{flag}: unknown {kind} {name!r}; valid: {valid_names(kind)}")
+
+
+def check_components(cls: type, init_args: dict, flag: str) -> None:
+    """Walks ``init_args`` of ``cls`` and resolves every value whose parameter is a component kind."""
+    try:
+        hints = typing.get_type_hints(cls.__init__)
+    except Exception:  # unresolvable annotations: nothing we can check
+        return
+    for key, value in (init_args or {}).items():
+        base = _component_base(hints.get(key))
+        if base is None or value is None:
+            continue
+        name = (
+            value if isinstance(value, str) else value.get("class_path") if isinstance(value, dict) else None
+        )
+        if name is None:
+            continue
+        chosen = _resolve(base, name, f"{flag}.{key}")
+        if isinstance(value, dict):
+            check_components(chosen, value.get("init_args") or {}, f"{flag}.{key}.init_args")
+
+
+def config_paths(argv: list[str]) -> list[str]:
+    """The ``--config``/``-c`` files of a LightningCLI command line, in order."""
+    paths = []
+    for i, arg in enumerate(argv):
+        if arg in ("--config", "-c") and i + 1 < len(argv):
+            paths.append(argv[i + 1])
+        elif arg.startswith("--config="):
+            paths.append(arg.split("=", 1)[1])
+    return paths
+
+
+def _configs_from_argv(argv: list[str]) -> list[dict]:
+    configs, i = [], 0
+    while i < len(argv):
+        arg = argv[i]
+        path = None
+        if arg in ("--config", "-c") and i + 1 < len(argv):
+            path, i = argv[i + 1], i + 1
+        elif arg.startswith("--config="):
+            path = arg.split("=", 1)[1]
+        elif arg.startswith("--model.") and "=" not in arg and i + 1 < len(argv):
+            configs.append(_dotted(arg[2:], argv[i + 1]))
+            i += 1
+        elif arg.startswith("--model.") and "=" in arg:
+            key, value = arg[2:].split("=", 1)
+            configs.append(_dotted(key, value))
+        if path and Path(path).is_file():
+            configs.append(read_config(path))
+        i += 1
+    return configs
+
+
+#: Top-level sections whose value is a mapping of arguments, or a string jsonargparse reads as a file.
+SECTIONS = ("model", "data", "trainer")
+
+
+def read_config(path: str | Path) -> dict:
+    """A config file's mapping. Malformed YAML names the file and line (yaml alone says
+    ``<unicode string>``); a top level or a section that is not a mapping names the file and field."""
+    if not Path(path).is_file():
+        raise InputError(f"{path}: no such config file")
+    try:
+        cfg = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise InputError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    except yaml.YAMLError as e:
+        raise InputError(f"{path}{_yaml_place(e)}: not valid YAML ({_yaml_problem(e)})") from None
+    cfg = {} if cfg is None else cfg
+    if not isinstance(cfg, dict):
+        raise InputError(
+            f"{path}: the top level must be a mapping of sections (model:, data:, trainer:), "
+            f"got a {type(cfg).__name__}"
+        )
+    for key in SECTIONS:
+        value = cfg.get(key)
+        if not (value is None or isinstance(value, (dict, str))):
+            raise InputError(
+                f"{path}: '{key}:' must be a mapping of arguments (or a config file), "
+                f"got {type(value).__name__} {value!r}"
+            )
+    return cfg
+
+
+def _yaml_place(e: yaml.YAMLError) -> str:
+    mark = getattr(e, "problem_mark", None)
+    return f":{mark.line + 1}:{mark.column + 1}" if mark else ""
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    problem = getattr(e, "problem", None) or str(e)
+    context, mark = getattr(e, "context", None), getattr(e, "context_mark", None)
+    return f"{problem}, {context} at line {mark.line + 1}" if context and mark else problem
+
+
+def _dotted(key: str, value: str) -> dict:
+    parts = key.split(".")
+    if parts[-1] == "class_path":
+        parts, value = parts[:-1], {"class_path": value}
+    out: dict = {parts[-1]: value}
+    for p in reversed(parts[:-1]):
+        out = {p: out}
+    return out
+
+
+def check_argv_components(argv: list[str]) -> None:
+    from spec_drafters.lightning.module import DFlashModule
+
+    for cfg in _configs_from_argv(argv):
+        model = cfg.get("model")
+        if isinstance(model, dict):  # a file path is checked by jsonargparse
+            check_components(DFlashModule, model, "--model")
+        trainer = cfg.get("trainer")
+        trainer = (
+            trainer if isinstance(trainer, dict) else {}
+        )  # a preset file path is checked by jsonargparse
+        for i, cb in enumerate(trainer.get("callbacks") or []):
+            if isinstance(cb, dict) and "class_path" in cb:
+                try:
+                    cls = resolve_class(cb["class_path"])
+                except (ImportError, AttributeError):
+                    continue  # LightningCLI reports unknown callbacks itself
+                check_components(cls, cb.get("init_args") or {}, f"--trainer.callbacks[{i}].init_args")
+
+
+def resolve_class(path: str) -> type:
+    if "." not in path:
+        import lightning.pytorch.callbacks as builtin
+
+        from spec_drafters.lightning import callbacks
+
+        return getattr(callbacks, path, None) or getattr(builtin, path)
+    module, _, attr = path.rpartition(".")
+    return getattr(importlib.import_module(module), attr)

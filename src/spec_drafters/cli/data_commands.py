@@ -1,0 +1,101 @@
+"""``cache``, ``draft-vocab``, ``corpus`` and ``reference-corpus``: the commands that prepare training data.
+
+spec-drafters cache --config CONFIG --out DIR
+spec-drafters draft-vocab --config CONFIG --out counts.json [--sizes 2048 4096]
+spec-drafters corpus --out data/stdlib_smollm2.jsonl.gz
+spec-drafters reference-corpus --out DIR [--kind answers|source]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from spec_drafters.cli.lightning_cli import load_module
+
+
+def cache_cmd(argv: list[str]) -> None:
+    """``spec-drafters cache``: run the target once over the training data and write an offline cache."""
+    from spec_drafters.data.feature_cache import build_cache
+
+    ap = argparse.ArgumentParser(
+        prog="spec-drafters cache",
+        description="Write the tapped features and label hidden states of the training records "
+        "(train with --data.cache DIR). Other arguments (--config, --model.*, --data.*) are LightningCLI's.",
+        allow_abbrev=False,
+    )
+    ap.add_argument("--out", required=True, help="the cache folder (an interrupted build resumes there)")
+    ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    ap.add_argument("--shard_records", type=int, default=64)
+    args, rest = ap.parse_known_args(argv)
+    module, data = load_module(rest, quiet=True, with_data=True)
+    index = build_cache(
+        module.feature_spec(), data, args.out, args.dtype, args.shard_records, batch_size=data.batch_size
+    )
+    per_k = index["bytes"] / max(1, index["tokens"]) * 1000
+    print(
+        f"cache {args.out}: {len(index['shards'])} shards, {index['meta']['records']} records, "
+        f"{index['tokens']} tokens, {index['bytes'] / 2**20:.1f} MiB "
+        f"({per_k / 2**20:.2f} MiB per 1k tokens, {args.dtype})"
+    )
+
+
+def draft_vocab_cmd(argv: list[str]) -> None:
+    """``spec-drafters draft-vocab``: count the training labels for a ``frequent_tokens`` vocabulary."""
+    from spec_drafters.data.records import collate
+    from spec_drafters.model.vocab import count_labels
+
+    ap = argparse.ArgumentParser(
+        prog="spec-drafters draft-vocab",
+        description="Count the target's outputs on the training data (the cache's labels with "
+        "--data.cache, else the supervised tokens of the text) and print the held-out coverage of the "
+        "V_d most frequent. Other arguments (--config, --data.*) are LightningCLI's.",
+        allow_abbrev=False,
+    )
+    ap.add_argument("--out", required=True, help="the counts file (JSON) for FrequentTokens(counts=...)")
+    ap.add_argument(
+        "--sizes",
+        type=int,
+        nargs="+",
+        default=[2048, 4096, 8192, 16384],
+        help="the V_d to report coverage for",
+    )
+    args, rest = ap.parse_known_args(argv)
+    module, data = load_module(rest, quiet=True, with_data=True)
+    train, val = data.examples(module.tokenizer)
+    if data.cache:
+        from spec_drafters.data.feature_cache import CachedRecords
+
+        records = CachedRecords(data.cache)
+        counts = count_labels(records[i] for i in range(len(records)))
+    else:
+        counts = count_labels(collate([ex]) for ex in train)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    payload = {"source": data.cache or data.path, "tokens": sum(counts.values()), "counts": dict(counts)}
+    out.write_text(json.dumps(payload) + "\n")
+    print(f"{out}: {len(counts)} distinct tokens in {payload['tokens']} training labels")
+    held_out = count_labels(collate([ex]) for ex in val)
+    print_coverage(out, args.sizes, module.target.vocab_size, held_out)
+
+
+def print_coverage(counts: Path, sizes: list[int], vocab: int, held_out) -> None:
+    """The held-out coverage of the ``size`` most frequent tokens, for each size."""
+    from spec_drafters.model.vocab import FrequentTokens, coverage
+
+    for size in sizes:
+        share = coverage(FrequentTokens(str(counts), size).token_ids(vocab), held_out)
+        print(f"V_d {size:>6}: held-out coverage {share:.4f}, head rows {size / vocab:.3f}x")
+
+
+def corpus_cmd(argv: list[str]) -> None:
+    from spec_drafters.data import corpus
+
+    corpus.main(argv)
+
+
+def reference_corpus_cmd(argv: list[str]) -> None:
+    from spec_drafters.data import reference_corpus
+
+    reference_corpus.main(argv)

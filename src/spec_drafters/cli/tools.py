@@ -1,0 +1,188 @@
+"""``export``, ``inspect``, ``diff`` and ``lint``: the questions the seeds answered by hand, one command each.
+
+The reports themselves are plain functions in ``spec_drafters.artefacts`` (inspect.py, diff.py,
+lint.py); this module parses the command lines and builds the module a config file describes.
+
+    spec-drafters export CKPT_OR_FOLDER --out DIR [--layout spec_drafters|zlab|speculators]
+    spec-drafters inspect PATH [PATH ...] [--json]
+    spec-drafters diff A B [--all] [--json]
+    spec-drafters lint --config CONFIG [--model.* ...] [--strict] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from spec_drafters.artefacts.diff import Row, diff_choices, file_choices, format_diff, module_choices
+from spec_drafters.artefacts.inspect import format_inspect, inspect_drafter, inspect_module
+from spec_drafters.artefacts.lint import Finding, allow, lint_module, text_sample
+from spec_drafters.cli.checks import config_paths, read_config
+from spec_drafters.cli.lightning_cli import is_config, load_module, meta_target_args, module_from_config
+from spec_drafters.errors import ArgumentError, InputError
+
+# --- export ------------------------------------------------------------------------------------------
+
+
+def export_parser() -> argparse.ArgumentParser:
+    from spec_drafters.artefacts.folders import LAYOUTS
+
+    ap = argparse.ArgumentParser(
+        prog="spec-drafters export",
+        description="Write a drafter (Lightning checkpoint or drafter folder) as config.json and "
+        "model.safetensors.",
+    )
+    ap.add_argument("source", help="a Lightning checkpoint (.ckpt) or a drafter folder of any layout")
+    ap.add_argument("--out", required=True, help="the folder to write")
+    ap.add_argument("--layout", choices=LAYOUTS, default="spec_drafters")
+    ap.add_argument("--num_target_layers", type=int, help="the target's depth (speculators folders omit it)")
+    ap.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16"],
+        help="cast the weights (integer tensors such as a draft vocabulary's ids stay as they are)",
+    )
+    return ap
+
+
+def export(argv: list[str]) -> None:
+    import torch
+
+    from spec_drafters.artefacts.folders import folder_from_checkpoint, read_folder, write_folder
+
+    args = export_parser().parse_args(argv)
+    src = Path(args.source)
+    if not src.exists():
+        raise InputError(f"{src}: no such file or folder (export reads a checkpoint or a drafter folder)")
+    folder = read_folder(src, args.num_target_layers) if src.is_dir() else folder_from_checkpoint(src)
+    if args.dtype:
+        dtype = getattr(torch, args.dtype)
+        for tensors in (folder.state, folder.aux):
+            tensors.update({k: v.to(dtype) for k, v in tensors.items() if v.is_floating_point()})
+    out = write_folder(folder, args.out, args.layout)
+    print(f"wrote {out} ({args.layout} layout, {len(folder.state)} drafter tensors)")
+
+
+# --- inspect -----------------------------------------------------------------------------------------
+
+
+def inspect_path(path: str | Path) -> dict:
+    """The inspect report of a drafter folder, a checkpoint or a config file (built, untrained)."""
+    return inspect_module(module_from_config(path), str(path)) if is_config(path) else inspect_drafter(path)
+
+
+def inspect_cmd(argv: list[str]) -> None:
+    ap = argparse.ArgumentParser(
+        prog="spec-drafters inspect",
+        description="What a drafter is, read from its weights' shapes first (fc.weight says how many "
+        "target layers are injected) and checked against its config; every disagreement is a WARNING.",
+    )
+    ap.add_argument(
+        "paths",
+        nargs="+",
+        metavar="PATH",
+        help="a drafter folder (any layout), a checkpoint or a config YAML",
+    )
+    ap.add_argument("--json", action="store_true", help="print the reports as JSON")
+    args = ap.parse_args(argv)
+    reports = [inspect_path(p) for p in args.paths]
+    if args.json:
+        print(json.dumps(reports if len(reports) > 1 else reports[0], indent=2))
+    else:
+        print("\n\n".join(format_inspect(r) for r in reports))
+
+
+# --- diff --------------------------------------------------------------------------------------------
+
+
+def choices(path: str | Path) -> dict:
+    """Every choice of a config YAML (built), a drafter folder or a checkpoint."""
+    return module_choices(module_from_config(path)) if is_config(path) else file_choices(path)
+
+
+def diff(a: str | Path, b: str | Path, everything: bool = False) -> list[Row]:
+    """The choices that differ between two configs, drafter folders or checkpoints (all of them with
+    ``everything``)."""
+    for path in (a, b):  # both, before building either
+        if not Path(path).exists():
+            raise InputError(
+                f"{path}: no such file or folder (diff reads config YAMLs, drafter folders, checkpoints)"
+            )
+    return diff_choices(choices(a), choices(b), everything)
+
+
+def diff_cmd(argv: list[str]) -> None:
+    ap = argparse.ArgumentParser(
+        prog="spec-drafters diff",
+        description="Every architectural and training choice that differs between two drafters or configs.",
+    )
+    ap.add_argument("a", metavar="A", help="a config YAML, a drafter folder or a checkpoint")
+    ap.add_argument("b", metavar="B", help="the same kinds as A")
+    ap.add_argument("--all", action="store_true", help="list the equal choices too")
+    ap.add_argument("--json", action="store_true", help="print the rows as JSON")
+    args = ap.parse_args(argv)
+    rows = diff(args.a, args.b, everything=args.all)
+    if args.json:
+        print(json.dumps([{"choice": k, "a": a, "b": b} for k, a, b in rows], indent=2, default=str))
+    else:
+        print(format_diff(args.a, args.b, rows))
+
+
+# --- lint --------------------------------------------------------------------------------------------
+
+
+def lint_config(argv: list[str]) -> list[Finding]:
+    """The findings of the module that LightningCLI arguments (``--config``, ``--model.*``) build; a
+    module that refuses to build is one ``config-invalid`` (or ``mask-token-outside-vocab``) error."""
+    from spec_drafters.target.loaders import MaskTokenError
+
+    paths = config_paths(argv)
+    for p in paths:
+        read_config(p)  # malformed YAML: one line naming the file and line
+    try:
+        module = load_module([*argv, *meta_target_args(paths)], quiet=True)
+    except (ValueError, KeyError) as e:  # the module refuses to build: report why, as lint would
+        own = e.__cause__ if isinstance(e, ArgumentError) else e
+        code = "mask-token-outside-vocab" if isinstance(own, MaskTokenError) else "config-invalid"
+        return allow(paths, [Finding("error", code, e.flagged() if isinstance(e, ArgumentError) else str(e))])
+    data_path = None
+    for p in paths:
+        data = read_config(p).get("data")
+        data_path = data.get("path", data_path) if isinstance(data, dict) else data_path
+    sample = text_sample(data_path) if module.tokenizer is not None else None
+    return allow(paths, lint_module(module, sample))
+
+
+def lint_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(
+        prog="spec-drafters lint",
+        usage="%(prog)s --config CONFIG [--config ...] [--model.* ...] [--strict] [--json]",
+        description="Known pitfalls of a config before a long run, each with a severity and a one-line "
+        "why; exits 1 on errors. A config allows a warning it makes on purpose with a "
+        "'# lint: allow CODE' comment. --config and --model.* are LightningCLI's.",
+        allow_abbrev=False,
+    )
+    ap.add_argument("--strict", action="store_true", help="fail on warnings too (a CI gate)")
+    ap.add_argument("--json", action="store_true", help="print the findings as JSON")
+    return ap
+
+
+def lint_cmd(argv: list[str]) -> None:
+    ap = lint_parser()
+    args, rest = ap.parse_known_args(argv)
+    if not config_paths(rest):
+        ap.error("--config is required")
+    findings = lint_config(rest)
+    if args.json:
+        print(json.dumps([f.__dict__ for f in findings], indent=2))
+    else:
+        print("\n".join(map(str, findings)) or "no findings")
+    count = {s: sum(f.severity == s for f in findings) for s in ("error", "warning", "allowed")}
+    print(
+        f"{count['error']} error(s), {count['warning']} warning(s), {count['allowed']} allowed",
+        file=sys.stderr,
+    )
+    # --strict: a CI gate, where a warning (v5's fc over 4 of 5 taps, labels from layer 61) must fail too.
+    if count["error"] or (args.strict and count["warning"]):
+        sys.exit(1)
