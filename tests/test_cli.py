@@ -193,3 +193,15 @@ def test_generate_decodes_prompts_with_the_chosen_verifier(fitted, tmp_path, cap
     assert all(0 < r["new_tokens"] <= 12 and r["tau"] >= 1 for r in rows)
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["prompts"] == 2 and summary["lossless"] == 1.0 and summary["verifier"] == "ddtree"
+
+
+def test_draft_vocab_reports_coverage_only_for_sizes_below_the_vocabulary(tmp_path, capsys):
+    # The tiny target has 259 tokens: the default sizes (2048 and up) all reach past it.
+    out = tmp_path / "counts.json"
+    main(["draft-vocab", "--config", TINY, "--model.draft_vocab", "FullVocab", "--out", str(out),
+          "--sizes", "64", "259", "2048"])  # fmt: skip
+    assert json.loads(out.read_text())["tokens"] > 0
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("V_d     64: held-out coverage") for line in lines), lines
+    for size in (259, 2048):
+        assert f"V_d {size:>6}: skipped, not below the target's vocabulary of 259" in lines, lines

@@ -59,7 +59,7 @@ def draft_vocab_cmd(argv: list[str]) -> None:
         type=int,
         nargs="+",
         default=[2048, 4096, 8192, 16384],
-        help="the V_d to report coverage for",
+        help="the V_d to report coverage for (sizes not below the target's vocabulary are skipped)",
     )
     args, rest = ap.parse_known_args(argv)
     module, data = load_module(rest, quiet=True, with_data=True)
@@ -81,10 +81,14 @@ def draft_vocab_cmd(argv: list[str]) -> None:
 
 
 def print_coverage(counts: Path, sizes: list[int], vocab: int, held_out) -> None:
-    """The held-out coverage of the ``size`` most frequent tokens, for each size."""
+    """The held-out coverage of the ``size`` most frequent tokens, for each size below ``vocab`` (a
+    draft vocabulary as large as the target's is the full vocabulary: nothing to report)."""
     from spec_drafters.model.vocab import FrequentTokens, coverage
 
     for size in sizes:
+        if size >= vocab:
+            print(f"V_d {size:>6}: skipped, not below the target's vocabulary of {vocab}")
+            continue
         share = coverage(FrequentTokens(str(counts), size).token_ids(vocab), held_out)
         print(f"V_d {size:>6}: held-out coverage {share:.4f}, head rows {size / vocab:.3f}x")
 
