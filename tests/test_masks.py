@@ -9,6 +9,7 @@ from spec_drafters.model.masks import (
     LayerAttention,
     SlidingWindowMask,
     inference_mask,
+    training_layout,
     training_mask,
 )
 from spec_drafters.train.anchors import UniformAnchors, eligible_anchors
@@ -62,14 +63,47 @@ def test_every_mask_component_equals_brute_force(seed, block_size, component):
         assert torch.equal(got, want)
 
 
+RULES = [
+    LayerAttention(),
+    LayerAttention(window=5),
+    LayerAttention(causal_block=True),
+    LayerAttention(4, True),
+]
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("rule", RULES, ids=["full", "window", "causal", "window_causal"])
+def test_every_mask_builder_evaluates_the_one_rule(seed, rule):
+    """The dense mask, the block layout's parts (what ``split`` reads), its mask_mod called on scalar
+    indices and vmapped by flex_attention's ``create_mask``: all equal the brute force."""
+    from torch.nn.attention.flex_attention import create_mask
+
+    s, k = 24, 3
+    anchors, valid = _anchors(seed, k)
+    want = brute_force_mask(anchors, valid, s, k, rule.window, rule.causal_block)  # (b, 1, Q, S + Q)
+    b, _, nq, nk = want.shape
+    layout = training_layout(anchors, valid, s, k, rule)
+    assert torch.equal(training_mask(anchors, valid, s, k, rule), want)
+    g = torch.Generator().manual_seed(seed)
+    rows, cols = torch.randperm(nq, generator=g)[:7], torch.randperm(nk, generator=g)[:11]
+    assert torch.equal(layout.mask(rows, cols), want[:, :, rows][..., cols])
+    for _ in range(60):
+        bi, qi, ki = (int(torch.randint(n, (), generator=g)) for n in (b, nq, nk))
+        got = layout.mask_mod(torch.tensor(bi), torch.tensor(0), torch.tensor(qi), torch.tensor(ki))
+        assert bool(got) == bool(want[bi, 0, qi, ki]), (bi, qi, ki)
+    assert torch.equal(create_mask(layout.mask_mod, b, 1, nq, nk, device="cpu"), want)
+
+
 def test_mask_components_declare_their_layers():
     assert DFlashBlockMask().per_layer(2) == [LayerAttention(), LayerAttention()]
     assert CausalBlockMask().per_layer(1) == [LayerAttention(causal_block=True)]
     swa = SlidingWindowMask(window=64).per_layer(5)  # default: every layer but the last slides (z-lab)
     assert [r.layer_type for r in swa] == ["sliding_attention"] * 4 + ["full_attention"]
     assert [r.window for r in SlidingWindowMask(window=8, layers=[-1]).per_layer(2)] == [None, 8]
-    with pytest.raises(ValueError, match=r"init_args\.layers"):
+    with pytest.raises(ValueError, match=r"layers has \[2\], outside the drafter's 2 layers"):
         SlidingWindowMask(window=8, layers=[2]).per_layer(2)
+    with pytest.raises(ValueError, match=r"^window must be >= 1, got 0$"):  # no flag: the caller adds it
+        SlidingWindowMask(window=0)
 
 
 @pytest.mark.parametrize("window", [None, 6])

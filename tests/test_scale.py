@@ -22,14 +22,19 @@ def _layout(rule, b=2, s=30, n=5, k=4, seed=0):
 
 
 @pytest.mark.parametrize("rule", RULES)
-def test_block_layout_parts_equal_the_brute_force(rule):
+@pytest.mark.parametrize("blocks", [1, 2, 5])
+def test_block_layout_chunks_equal_the_brute_force(rule, blocks):
+    """What ``split`` reads per chunk of blocks: the context prefix they reach and their own keys."""
     anchors, ok, layout = _layout(rule)
     want = brute_force_mask(anchors, ok, 30, 4, rule.window, rule.causal_block)  # (b, 1, Q, S + Q)
-    assert torch.equal(layout.context, want[..., :30])
-    for j in range(5):  # every block's own part is the (K, K) rule; other blocks' keys never allowed
-        rows = want[:, :, 4 * j : 4 * j + 4, 30:]
-        assert torch.equal(rows[..., 4 * j : 4 * j + 4], layout.in_block.expand_as(rows[..., :4]))
-        assert not rows[..., : 4 * j].any() and not rows[..., 4 * j + 4 :].any()
+    for j in range(0, 5, blocks):
+        rows = slice(4 * j, 4 * min(j + blocks, 5))
+        reach, got = layout.chunk(rows)
+        assert not want[:, :, rows, reach:30].any()  # nothing visible beyond the reach
+        assert reach == 1 or want[:, :, rows, reach - 1].any()  # and the reach is the tightest
+        own = want[:, :, rows, 30 + rows.start : 30 + rows.stop]
+        assert torch.equal(got, torch.cat([want[:, :, rows, :reach], own], dim=-1))
+        assert layout.chunk(rows)[1] is got  # built once per layout
 
 
 @pytest.mark.parametrize("budget", [None, 1], ids=["one_chunk", "chunk_per_block"])

@@ -3,7 +3,7 @@
 Signature: ``fn(q, k, v, mask, scale) -> out`` with
     q (b, h, Tq, d), k and v (b, hk, Tk, d) where h is a multiple of hk (GQA),
     mask (b, 1, Tq, Tk) bool, True = may attend, or None (every key allowed), or a
-    :class:`~spec_drafters.model.masks.BlockLayout` (training: the mask in its context and in-block parts),
+    :class:`~spec_drafters.model.masks.BlockLayout` (training: the mask as its rule and the anchors),
     out (b, h, Tq, d).
 Every row of a mask must allow at least one key (the DFlash mask always allows a query's own block).
 
@@ -65,33 +65,23 @@ def split_attention(q, k, v, mask, scale):
     queries). A chunk attends to the context prefix its blocks can reach (anchors are sorted, so
     early blocks reach few keys: about half the context on average) and to its own blocks' keys; the
     keys of every other block are always masked, so leaving them out changes nothing. Each chunk is
-    one fused ``scaled_dot_product_attention`` call with the chunk's part of the mask, so scores are
-    never stored (the fused kernels recompute them in backward). Against the dense kernels, which
-    score N*K*(S + N*K) pairs, this scores about N*K*(S/2 + C). Any other mask (serving: one block)
-    goes to ``sdpa`` directly.
+    one fused ``scaled_dot_product_attention`` call with the chunk's part of the mask, evaluated from
+    the layout's rule, so scores are never stored (the fused kernels recompute them in backward).
+    Against the dense kernels, which score N*K*(S + N*K) pairs, this scores about N*K*(S/2 + C). Any
+    other mask (serving: one block) goes to ``sdpa`` directly.
     """
     if not isinstance(mask, BlockLayout):
         return sdpa_attention(q, k, v, mask, scale)
-    b, h, nq, _ = q.shape
-    kk, n = mask.block_size, mask.num_blocks
-    s = k.shape[2] - nq
-    groups = h // k.shape[1]
-    # Context keys block j can reach: 1 + its last allowed key, over the batch (0: none).
-    allowed = mask.context.view(b, n, kk, s).any(dim=2).any(dim=0)  # (N, S)
-    last = torch.where(allowed, torch.arange(1, s + 1, device=q.device), 0).amax(dim=1)  # (N,)
+    kk, n, s = mask.block_size, mask.num_blocks, mask.seq_len
+    groups = q.shape[1] // k.shape[1]
     per_chunk = max(1, SPLIT_CHUNK_QUERIES // kk)
-    same = torch.eye(per_chunk, dtype=torch.bool, device=q.device)  # (c, c) block-diagonal pattern
-    own = (same[:, None, :, None] & mask.in_block[None, :, None, :]).reshape(per_chunk * kk, per_chunk * kk)
     outs = []
     for j in range(0, n, per_chunk):
-        c = min(per_chunk, n - j)
-        reach = max(int(last[j : j + c].max()), 1)  # keep one (masked) context key: shapes never vanish
-        rows = slice(j * kk, (j + c) * kk)
-        keys = slice(s + j * kk, s + (j + c) * kk)
-        kc = torch.cat([k[:, :, :reach], k[:, :, keys]], dim=2)  # (b, hk, reach + cK, d)
-        vc = torch.cat([v[:, :, :reach], v[:, :, keys]], dim=2)
-        blk = own[: c * kk, : c * kk].expand(b, 1, c * kk, c * kk)
-        chunk_mask = torch.cat([mask.context[:, :, rows, :reach], blk], dim=-1)  # (b, 1, cK, reach + cK)
+        rows = slice(j * kk, min(j + per_chunk, n) * kk)  # the chunk's queries
+        own = slice(s + rows.start, s + rows.stop)  # and their blocks' keys
+        reach, chunk_mask = mask.chunk(rows)  # (b, 1, cK, reach + cK)
+        kc = torch.cat([k[:, :, :reach], k[:, :, own]], dim=2)  # (b, hk, reach + cK, d)
+        vc = torch.cat([v[:, :, :reach], v[:, :, own]], dim=2)
         kc, vc = repeat_kv(kc, groups), repeat_kv(vc, groups)  # (b, h, reach + cK, d)
         outs.append(F.scaled_dot_product_attention(q[:, :, rows], kc, vc, attn_mask=chunk_mask, scale=scale))
     return torch.cat(outs, dim=2)  # (b, h, Q, d)
@@ -102,43 +92,31 @@ _flex_compiled = None
 
 @register("attention", "flex")
 def flex_attention_kernel(q, k, v, mask, scale):
-    """torch's flex_attention with a block mask built from the layout's predicate (GPU training).
+    """torch's flex_attention with a block mask built from the layout's rule (GPU training).
 
-    The mask_mod reads the layout: context keys through its (b, Q, S) table, block keys by
-    same-block and the (K, K) in-block rule, so tiles with no allowed pair are skipped. Compiled on
-    CUDA (flex_attention's fast path); on CPU it runs uncompiled and forward only in torch 2.13.
+    The mask_mod is the layout's own (:meth:`BlockLayout.mask_mod`, the block rule on indices), so
+    tiles with no allowed pair are skipped. Compiled on CUDA (flex_attention's fast path); on CPU it
+    runs uncompiled and forward only in torch 2.13.
     """
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
     global _flex_compiled
     b, h, nq, _ = q.shape
-    nk = k.shape[2]
-    layout = mask
-    if layout is not None and not isinstance(layout, BlockLayout):  # a dense mask: read it directly
-        dense = layout
+    if isinstance(mask, BlockLayout):
+        mask_mod = mask.mask_mod
+    elif mask is not None:  # a dense mask: read it directly
+        dense = mask
 
         def mask_mod(bi, hi, qi, ki):
             return dense[bi, 0, qi, ki]
-    elif layout is None:
+    else:
 
         def mask_mod(bi, hi, qi, ki):
             return qi >= 0
-    else:
-        ctx, in_block, kk = layout.context, layout.in_block, layout.block_size
-        s = nk - nq
 
-        def mask_mod(bi, hi, qi, ki):
-            in_ctx = ki < s
-            kc = torch.clamp(ki, max=s - 1)
-            kb = torch.clamp(ki - s, min=0)
-            see_ctx = in_ctx & ctx[bi, 0, qi, kc]
-            see_own = ~in_ctx & (qi // kk == kb // kk) & in_block[qi % kk, kb % kk]
-            return see_ctx | see_own
-
-    device = q.device
-    block = create_block_mask(mask_mod, b, None, nq, nk, device=device)
+    block = create_block_mask(mask_mod, b, None, nq, k.shape[2], device=q.device)
     fn = flex_attention
-    if device.type == "cuda":
+    if q.device.type == "cuda":
         if _flex_compiled is None:
             _flex_compiled = torch.compile(flex_attention, dynamic=False)
         fn = _flex_compiled
