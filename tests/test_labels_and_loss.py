@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from spec_drafters.train.anchors import block_labels, build_blocks
+from spec_drafters.train.anchors import UniformAnchors, block_labels, build_blocks
 from spec_drafters.train.losses import (
     CAP,
     CEKLBlend,
@@ -135,6 +135,23 @@ def test_cap_adds_a_confidence_bce_to_any_loss():
 
 
 @pytest.mark.parametrize("gamma", [0.0, -1.0, float("inf")])
-def test_bad_gamma_is_rejected_with_the_flag(gamma):
-    with pytest.raises(ValueError, match="gamma"):
+def test_bad_gamma_is_rejected(gamma):
+    with pytest.raises(ValueError, match=f"^gamma must be a positive number or null, got {gamma}$"):
         HardCE(gamma=gamma)
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: SoftKL(temperature=0.0), "temperature must be a positive number, got 0.0"),
+        (lambda: CEKLBlend(alpha=-1.0), "alpha must be >= 0, got -1.0"),
+        (lambda: CAP(HardCE(), weight=0.0), "weight must be a positive number, got 0.0"),
+        (lambda: CAP(CAP(HardCE())), "main cannot itself be cap"),
+        (lambda: UniformAnchors(max_anchors=0), "max_anchors must be >= 1, got 0"),
+    ],
+)
+def test_components_name_their_argument_not_a_flag(make, message):
+    """The same class serves under several flags; the caller adds the flag (errors.argument)."""
+    with pytest.raises(ValueError) as raised:
+        make()
+    assert str(raised.value) == message

@@ -19,6 +19,7 @@ n tapped layers in fc, h / hk query / key-value heads, d head dim.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Literal, get_args
 
 import torch
 import torch.nn.functional as F
@@ -28,6 +29,9 @@ from torch import nn
 from spec_drafters.model import kernels
 from spec_drafters.model.attention import get_attention
 from spec_drafters.model.masks import LayerAttention, inference_mask
+
+LayerType = Literal["full_attention", "sliding_attention"]
+"""A drafter layer's attention, as HF checkpoints' ``layer_types`` name it."""
 
 
 @dataclass
@@ -57,7 +61,7 @@ class DrafterConfig:
     hidden_size: int | None = None
     num_fc_inputs: int | None = None
     mask_token_id: int | None = None
-    layer_types: list[str] = field(default_factory=list)
+    layer_types: list[LayerType] = field(default_factory=list)
     """Per layer: "full_attention" or "sliding_attention" (HF checkpoints' convention)."""
     sliding_window: int | None = None
     causal_block_layers: list[int] = field(default_factory=list)
@@ -77,7 +81,7 @@ class DrafterConfig:
         layers = layers or [LayerAttention()] * self.num_layers
         windows = {a.window for a in layers if a.window is not None}
         if len(windows) > 1:
-            raise ValueError(f"--model.mask: one sliding window size per drafter, got {sorted(windows)}")
+            raise ValueError(f"one sliding window size per drafter, got {sorted(windows)}")
         t = target_config
         rope = getattr(t, "rope_theta", None) or (getattr(t, "rope_parameters", None) or {}).get("rope_theta")
         cfg = replace(
@@ -103,41 +107,42 @@ class DrafterConfig:
         return LayerAttention(self.sliding_window if sliding else None, i in self.causal_block_layers)
 
     def validate(self) -> None:
-        flag = "--model.drafter"
         optional = ("sliding_window", "draft_vocab_size")
         missing = [k for k, v in self.__dict__.items() if v is None and k not in optional]
         if missing:
-            raise ValueError(f"{flag}: unresolved fields {missing} (call resolved() with the target)")
+            raise ValueError(f"unresolved fields {missing} (call resolved() with the target)")
         if self.block_size < 2:
             raise ValueError(
-                f"{flag}.block_size must be >= 2 (an anchor and one drafted slot), got {self.block_size}"
+                f"block_size must be >= 2 (an anchor and one drafted slot), got {self.block_size}"
             )
         if self.num_layers < 1:
-            raise ValueError(f"{flag}.num_layers must be >= 1, got {self.num_layers}")
+            raise ValueError(f"num_layers must be >= 1, got {self.num_layers}")
         if self.num_heads % self.num_kv_heads:
             raise ValueError(
-                f"{flag}.num_heads ({self.num_heads}) must be a multiple of "
-                f"num_kv_heads ({self.num_kv_heads})"
+                f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads ({self.num_kv_heads})"
             )
         if self.head_dim % 2:
-            raise ValueError(f"{flag}.head_dim must be even for RoPE, got {self.head_dim}")
+            raise ValueError(f"head_dim must be even for RoPE, got {self.head_dim}")
         get_attention(self.attention)  # raises with the valid names
+        self._validate_layers()
+
+    def _validate_layers(self) -> None:
         if len(self.layer_types) != self.num_layers:
+            raise ValueError(f"layer_types has {len(self.layer_types)} entries for {self.num_layers} layers")
+        unknown = set(self.layer_types) - set(get_args(LayerType))
+        if unknown:  # jsonargparse checks the Literal; a config read from a file does not pass through it
             raise ValueError(
-                f"{flag}: layer_types has {len(self.layer_types)} entries for {self.num_layers} layers"
+                f"unknown layer_types {sorted(unknown)}; valid: {', '.join(get_args(LayerType))}"
             )
-        unknown = set(self.layer_types) - {"full_attention", "sliding_attention"}
-        if unknown:
-            raise ValueError(f"{flag}: unknown layer_types {sorted(unknown)}")
         sliding = "sliding_attention" in self.layer_types
         if sliding and (self.sliding_window is None or self.sliding_window < self.block_size):
             raise ValueError(
-                f"--model.mask.init_args.window must be >= block_size ({self.block_size}) so a block "
-                f"fits its own window, got {self.sliding_window}"
+                f"the sliding window must be >= block_size ({self.block_size}) so a block fits its own "
+                f"window, got {self.sliding_window}"
             )
         bad = [i for i in self.causal_block_layers if not 0 <= i < self.num_layers]
         if bad:
-            raise ValueError(f"{flag}: causal_block_layers {bad} outside 0..{self.num_layers - 1}")
+            raise ValueError(f"causal_block_layers {bad} outside 0..{self.num_layers - 1}")
 
 
 class RMSNorm(nn.Module):

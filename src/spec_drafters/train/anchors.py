@@ -54,7 +54,7 @@ class UniformAnchors(AnchorSampler):
 
     def __init__(self, max_anchors: int = 512, require_full_block: bool = False):
         if max_anchors < 1:
-            raise ValueError(f"--model.anchors.init_args.max_anchors must be >= 1, got {max_anchors}")
+            raise ValueError(f"max_anchors must be >= 1, got {max_anchors}")
         self.max_anchors = max_anchors
         self.require_full_block = require_full_block
 

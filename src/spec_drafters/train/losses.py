@@ -68,10 +68,6 @@ class SlotBatch:
             self._logits = self.head(self.hidden)
         return self._logits
 
-    @property
-    def target_logits(self) -> torch.Tensor | None:
-        return None if self.teacher is None else self.teacher(slice(None))
-
     def _chunks(self) -> list[slice]:
         m = self.labels.shape[0]
         if self.chunk_rows is None or self._logits is not None or m <= self.chunk_rows:
@@ -131,19 +127,15 @@ def slot_weights(slots: torch.Tensor, gamma: float | None) -> torch.Tensor:
     return torch.exp(-(slots.float() - 1.0) / gamma)
 
 
-def weighted_mean(values: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    return (weights * values).sum() / weights.sum()
-
-
 def _check_gamma(gamma: float | None) -> float | None:
     if gamma is not None and not (gamma > 0 and math.isfinite(gamma)):
-        raise ValueError(f"--model.loss.init_args.gamma must be a positive number or null, got {gamma}")
+        raise ValueError(f"gamma must be a positive number or null, got {gamma}")
     return gamma
 
 
 def _check_positive(value: float, field: str) -> float:
     if not (value > 0 and math.isfinite(value)):
-        raise ValueError(f"--model.loss.init_args.{field} must be a positive number, got {value}")
+        raise ValueError(f"{field} must be a positive number, got {value}")
     return value
 
 
@@ -160,7 +152,7 @@ class DraftLoss(nn.Module):
 
     component_kind = "loss"
     needs_distribution = False
-    """True when the loss reads ``SlotBatch.target_logits`` (a soft target)."""
+    """True when the loss reads ``SlotBatch.teacher`` (the target's logits: a soft target)."""
 
     def bind(self, hidden_size: int) -> None:
         """Called once with the drafter's width, before training: create auxiliary heads here."""
@@ -237,7 +229,7 @@ class CEKLBlend(DraftLoss):
         super().__init__()
         self.gamma = _check_gamma(gamma)
         if not (alpha >= 0 and math.isfinite(alpha)):
-            raise ValueError(f"--model.loss.init_args.alpha must be >= 0, got {alpha}")
+            raise ValueError(f"alpha must be >= 0, got {alpha}")
         self.alpha = alpha
         self.temperature = _check_positive(temperature, "temperature")
 
@@ -289,7 +281,7 @@ class CAP(DraftLoss):
     def __init__(self, main: DraftLoss, weight: float = 0.1, detach_hidden: bool = False):
         super().__init__()
         if isinstance(main, CAP):
-            raise ValueError("--model.loss.init_args.main cannot itself be cap")
+            raise ValueError("main cannot itself be cap")
         self.main = main
         self.weight = _check_positive(weight, "weight")
         self.detach_hidden = detach_hidden

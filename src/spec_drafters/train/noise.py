@@ -29,7 +29,7 @@ class FeatureNoise:
 
 def _positive(value: float, field: str) -> float:
     if not (value > 0 and math.isfinite(value)):
-        raise ValueError(f"--model.noise.init_args.{field} must be a positive number, got {value}")
+        raise ValueError(f"{field} must be a positive number, got {value}")
     return value
 
 
