@@ -64,6 +64,35 @@ def test_csv_or_tensorboard_instead(tmp_path, logger):
         assert any(r.get("val/tau") for r in rows)
         speeds = [float(r["train/tokens_per_s"]) for r in rows if r.get("train/tokens_per_s")]
         assert speeds and all(s > 0 for s in speeds)  # TrainingThroughput
+        # Lightning's ThroughputMonitor counts; the run's rate is its totals' ratio at the last step.
+        last = [r for r in rows if r.get("train/lengths")][-1]
+        rate = float(last["train/lengths"]) / float(last["train/time"])
+        assert speeds[-1] == pytest.approx(rate, rel=1e-4)
     else:
         assert list(tmp_path.rglob("events.out.tfevents.*"))
     assert not (tmp_path / ".aim").exists()
+
+
+def test_throughput_is_lightnings_monitor_counting_real_tokens():
+    from lightning.pytorch.callbacks import ThroughputMonitor
+
+    from spec_drafters.data.records import Example, collate
+    from spec_drafters.lightning.callbacks import TrainingThroughput, count_sequences, count_tokens
+
+    lengths = [5, 2, 7]
+    batch = collate([Example(list(range(n)), [1] * n) for n in lengths])
+    assert batch["input_ids"].shape == (3, 7)  # padded to the longest
+    assert count_sequences(batch) == 3 and count_tokens(batch) == 14  # padding is not a token
+    monitor = TrainingThroughput()
+    assert isinstance(monitor, ThroughputMonitor) and monitor.length_fn is count_tokens
+
+
+@pytest.mark.parametrize(
+    "module",
+    ["spec_drafters.lightning.tracking", "spec_drafters.cli.main", "spec_drafters.cli.lightning_cli"],
+)
+def test_aim_is_imported_only_when_its_logger_is_built(module):
+    code = f"import {module}, sys; assert 'aim' not in sys.modules, 'aim imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
+    built = "from spec_drafters.lightning.tracking import RunAimLogger; import sys; RunAimLogger(); "
+    subprocess.run([sys.executable, "-c", built + "assert 'aim' in sys.modules"], check=True)

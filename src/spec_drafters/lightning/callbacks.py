@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import json
 import time
+import warnings
 from pathlib import Path
+from typing import Literal
 
 import lightning.pytorch as pl
 import torch
 from jsonargparse import lazy_instance
-from lightning.pytorch.callbacks import RichProgressBar
-from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.callbacks import RichProgressBar, ThroughputMonitor
+from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from spec_drafters.data.prompts import HumanEvalPrompts, PromptSet
@@ -179,13 +181,15 @@ class ExportDrafter(pl.Callback):
 
     Args:
         dirpath: the folder to write.
-        layout: spec_drafters (everything), zlab or speculators (see export.py).
+        layout: spec_drafters (everything), zlab or speculators (see artefacts/folders.py).
     """
 
-    def __init__(self, dirpath: str, layout: str = "spec_drafters"):
+    def __init__(
+        self, dirpath: str, layout: Literal["spec_drafters", "zlab", "speculators"] = "spec_drafters"
+    ):
         from spec_drafters.artefacts.folders import LAYOUTS
 
-        if layout not in LAYOUTS:
+        if layout not in LAYOUTS:  # jsonargparse checks the Literal; plain Python callers get this
             raise ValueError(f"layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
         self.dirpath, self.layout = dirpath, layout
 
@@ -197,26 +201,43 @@ class ExportDrafter(pl.Callback):
             rank_zero_info(f"drafter written to {out} ({self.layout} layout)")
 
 
-class TrainingThroughput(pl.Callback):
-    """Training tokens per second: sequence tokens (non-padding) over the wall time of the training
-    steps (target forward, drafter forward and backward, optimizer step), validation excluded.
+def count_sequences(batch: dict) -> int:
+    """ThroughputMonitor's ``batch_size_fn``: the sequences in one of this project's batches."""
+    return int(batch["input_ids"].shape[0])
 
-    Logs ``train/tokens_per_s`` (the run so far) every step; the last value, in ``--results``, is
-    the whole run's. Under data parallelism the tokens of every rank count.
+
+def count_tokens(batch: dict) -> int:
+    """ThroughputMonitor's ``length_fn``: the batch's real tokens, padding excluded."""
+    return int(batch["attention_mask"].sum())
+
+
+class TrainingThroughput(ThroughputMonitor):
+    """Lightning's ThroughputMonitor over this project's batches, plus the run's training tokens/s.
+
+    Counts sequences and real (non-padding) tokens. Lightning's metrics go to the loggers:
+    ``train/device/items_per_sec`` (tokens/s over the last ``window_size`` steps), ``train/lengths``,
+    ``train/time`` and the like, and ``validate/...`` for validation. ``train/tokens_per_s`` is every
+    rank's tokens since training started over the training wall time (validation excluded; data
+    loading included), logged with ``module.log`` so that it also reaches ``--results``, where the
+    last value is the whole run's.
+
+    Lightning's callback under the name configs already use (it was a hand-written timer before).
+
+    Args:
+        window_size: steps in the rolling averages of Lightning's ``*_per_sec`` metrics.
     """
 
-    def __init__(self) -> None:
-        self.tokens, self.seconds, self._start = 0, 0.0, None
+    def __init__(self, window_size: int = 100):
+        super().__init__(batch_size_fn=count_sequences, length_fn=count_tokens, window_size=window_size)
+        # The module has no flops_per_batch (so no MFU); ThroughputMonitor would say so on every run.
+        warnings.filterwarnings("ignore", message=r".*define a `flops_per_batch` attribute")
 
-    def on_train_batch_start(self, trainer, module, batch, batch_idx) -> None:
-        self._start = time.perf_counter()
-
-    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx) -> None:
-        if self._start is None:
-            return
-        self.seconds += time.perf_counter() - self._start
-        self.tokens += int(batch["attention_mask"].sum()) * trainer.world_size
-        module.log("train/tokens_per_s", self.tokens / self.seconds, rank_zero_only=True)
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        if trainer.is_global_zero:  # ThroughputMonitor counts on rank 0 only
+            totals = self._throughputs[RunningStage.TRAINING].compute()  # since training started
+            tokens_per_s = totals["lengths"] * trainer.world_size / totals["time"]
+            pl_module.log("train/tokens_per_s", tokens_per_s, rank_zero_only=True)
 
 
 class RunProgressBar(RichProgressBar):

@@ -6,14 +6,18 @@ Browse an Aim run with ``aim up --repo <run folder>`` (the quickstart's: ``aim u
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
-from aim.pytorch_lightning import AimLogger
-from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 
 
-class RunAimLogger(AimLogger):
-    """Aim with this project's defaults.
+class RunAimLogger(Logger):
+    """Aim with this project's defaults; Aim itself is imported only when this logger is built.
+
+    A Lightning logger that hands every call to Aim's ``AimLogger``, created in ``__init__``: importing
+    this module (every ``spec-drafters`` command that might train does) never loads Aim, and neither
+    does a run that picks another logger.
 
     Args:
         repo: the Aim repository; by default the run folder (``--trainer.default_root_dir``).
@@ -32,7 +36,10 @@ class RunAimLogger(AimLogger):
         run_name: str | None = None,
         capture_terminal_logs: bool = False,
     ):
-        super().__init__(
+        from aim.pytorch_lightning import AimLogger
+
+        super().__init__()
+        self.aim = AimLogger(
             repo=repo,
             experiment=experiment,
             run_name=run_name,
@@ -42,19 +49,49 @@ class RunAimLogger(AimLogger):
 
     def place_in(self, run_dir: str) -> None:
         """Puts the repository in ``run_dir`` unless one was given (called by the CLI)."""
-        if self._repo_path is None:
+        if self.aim._repo_path is None:
             Path(run_dir).mkdir(parents=True, exist_ok=True)
-            self._repo_path = str(run_dir)
+            self.aim._repo_path = str(run_dir)
 
     @property
     def repo(self) -> str | None:
-        return self._repo_path
+        return self.aim._repo_path
 
     @property
     def save_dir(self) -> str:
         # The run folder itself (Aim's default is the hidden .aim inside it): Lightning writes
         # ``trainer.log_dir`` files (calibration.json, decode.jsonl) there.
-        return self._repo_path or "."
+        return self.aim._repo_path or "."
+
+    @property
+    def experiment(self):  # the aim.Run, created on first use (a dummy on ranks other than 0)
+        return self.aim.experiment
+
+    @property
+    def name(self) -> str:
+        return self.aim.name
+
+    @property
+    def version(self) -> str:
+        return self.aim.version
+
+    def log_hyperparams(self, params, *args, **kwargs) -> None:
+        self.aim.log_hyperparams(params)
+
+    def log_metrics(self, metrics: dict[str, float], step: int | None = None) -> None:
+        self.aim.log_metrics(metrics, step)
+
+    def finalize(self, status: str) -> None:
+        self.aim.finalize(status)
+
+
+def aim_logger(logger: Logger):
+    """The ``AimLogger`` behind ``logger``, or None. Never imports Aim: a logger of Aim's own class
+    exists only if something imported it already."""
+    if isinstance(logger, RunAimLogger):
+        return logger.aim
+    adapter = sys.modules.get("aim.sdk.adapters.pytorch_lightning")
+    return logger if adapter is not None and isinstance(logger, adapter.AimLogger) else None
 
 
 def acceptance_figure(acc_per_slot: list[float], curves: dict[str, list[float]], step: int):
@@ -87,10 +124,11 @@ def log_acceptance_figure(trainer, acc_per_slot: list[float], curves: dict[str, 
     fig = acceptance_figure(acc_per_slot, curves, step)
     where = []
     for logger in trainer.loggers:
-        if isinstance(logger, AimLogger):
+        aim = aim_logger(logger)
+        if aim is not None:
             from aim import Image
 
-            logger.experiment.track(Image(fig), name="acceptance_curve", step=step, context={"subset": "val"})
+            aim.experiment.track(Image(fig), name="acceptance_curve", step=step, context={"subset": "val"})
             where.append("aim")
         elif isinstance(logger, TensorBoardLogger):
             logger.experiment.add_figure("val/acceptance_curve", fig, global_step=step, close=False)
