@@ -81,6 +81,26 @@ def count_tokens(records: list[dict], tok) -> int:
     return sum(len(tok.encode(r.get("text") or r["prompt"] + r["response"])) for r in records)
 
 
+def trainer_config(root: Path, steps: int) -> dict:
+    """This arm's own folders and budget over the reference config's trainer."""
+    checkpoints = {"dirpath": str(root / "checkpoints"), "save_last": True, "save_top_k": 0}
+    return {
+        "trainer": {
+            "max_steps": steps,
+            "val_check_interval": steps,
+            "default_root_dir": str(root),
+            "logger": False,
+            "callbacks": [
+                {"class_path": "ModelCheckpoint", "init_args": {**checkpoints, "every_n_train_steps": 50}},
+                {"class_path": "TrainingThroughput"},  # train/tokens_per_s in fit.json
+            ],
+        }
+    }
+
+
+METRICS = ("val/tau", "val/tau_pooled", "val/acc_slot1", "val/acc", "val/loss", "train/tokens_per_s")
+
+
 def arm(out: Path, name: str, train: Path, val: Path, steps: int, common: list[str]) -> dict:
     root = out / name
     data = ["--data.path", str(train), "--data.val_path", str(val)]
@@ -99,64 +119,45 @@ def arm(out: Path, name: str, train: Path, val: Path, steps: int, common: list[s
         ),
     )
     last = root / "checkpoints" / "last.ckpt"
-    trainer = {  # this arm's own folders and budget over the reference config's trainer
-        "trainer": {
-            "max_steps": steps,
-            "val_check_interval": steps,
-            "default_root_dir": str(root),
-            "logger": False,
-            "callbacks": [
-                {
-                    "class_path": "ModelCheckpoint",
-                    "init_args": {
-                        "dirpath": str(root / "checkpoints"),
-                        "save_last": True,
-                        "save_top_k": 0,
-                        "every_n_train_steps": 50,
-                    },
-                },
-                {"class_path": "TrainingThroughput"},
-            ],
-        }
-    }
-    (root / "trainer.yaml").write_text(json.dumps(trainer))  # JSON is YAML
-    run = [
-        *common,
-        "--config",
-        str(root / "trainer.yaml"),
-        *data,
-        "--model.draft_vocab.counts",
-        str(counts),
-        "--data.cache",
-        str(root / "cache"),
-    ]
+    (root / "trainer.yaml").write_text(json.dumps(trainer_config(root, steps)))  # JSON is YAML
+    run = [*common, "--config", str(root / "trainer.yaml"), *data]
+    run += ["--model.draft_vocab.counts", str(counts), "--data.cache", str(root / "cache")]
+    resume = ["--ckpt_path", str(last)] if last.is_file() else []
     fit = stage(
         out,
         f"{name}.fit",
-        lambda: spec_drafters(
-            "fit",
-            *run,
-            *(["--ckpt_path", str(last)] if last.is_file() else []),
-            "--results",
-            str(root / "fit.json"),
-        ),
+        lambda: spec_drafters("fit", *run, *resume, "--results", str(root / "fit.json")),
     )
     metrics = json.loads((root / "fit.json").read_text())["metrics"]
-    return {
-        "cache_s": cache["seconds"],
-        "fit_s": fit["seconds"],
-        **{
-            k: metrics.get(k)
-            for k in (
-                "val/tau",
-                "val/tau_pooled",
-                "val/acc_slot1",
-                "val/acc",
-                "val/loss",
-                "train/tokens_per_s",
-            )
-        },
+    return {"cache_s": cache["seconds"], "fit_s": fit["seconds"], **{k: metrics.get(k) for k in METRICS}}
+
+
+def source_windows(path: Path, budget_tokens: int, tok) -> tuple[list[dict], int]:
+    """Training windows of the source corpus, in order, until they hold ``budget_tokens``."""
+    chosen, total = [], 0
+    for r in read(path):
+        if r["split"] != "train":
+            continue
+        if total >= budget_tokens:
+            break
+        chosen.append(r)
+        total += len(tok.encode(r["text"]))
+    return chosen, total
+
+
+def report(rows: list[dict], steps: int, gen: dict) -> None:
+    print(f"{'arm':<8} {'records':>7} {'tokens':>8} {'data s':>7} {'fit s':>7} {'val/tau':>8} {'slot1':>6}")
+    for r in rows:
+        print(
+            f"{r['arm']:<8} {r['records']:>7} {r['tokens']:>8} {r['data_cpu_s']:>7.0f} {r['fit_s']:>7.0f} "
+            f"{r['val/tau']:>8.4f} {r['val/acc_slot1']:>6.3f}"
+        )
+    summary = {
+        "steps": steps,
+        "tau_source_over_answers": rows[1]["val/tau"] / rows[0]["val/tau"],
+        "generation_s_per_token": gen["s_per_token"],
     }
+    record("data_source", rows, summary)
 
 
 def main() -> None:
@@ -187,13 +188,7 @@ def main() -> None:
     answer_tokens = sizes["answers_tokens"]
     gen_s = gen["s_per_token"] * answer_tokens_generated(train, tok)
     budget_tokens = int(answer_tokens * (gen_s + a["cache_s"]) / a["cache_s"])
-    windows = [r for r in read(args.source) if r["split"] == "train"]
-    chosen, total = [], 0
-    for r in windows:
-        if total >= budget_tokens:
-            break
-        chosen.append(r)
-        total += len(tok.encode(r["text"]))
+    chosen, total = source_windows(args.source, budget_tokens, tok)
     if not (out / "source.jsonl.gz").is_file():
         write(out / "source.jsonl.gz", chosen)
     b = arm(out, "source", out / "source.jsonl.gz", out / "val.jsonl.gz", args.steps, common)
@@ -207,21 +202,7 @@ def main() -> None:
         },
         {"arm": "source", "records": len(chosen), "tokens": total, "data_cpu_s": b["cache_s"], **b},
     ]
-    print(f"{'arm':<8} {'records':>7} {'tokens':>8} {'data s':>7} {'fit s':>7} {'val/tau':>8} {'slot1':>6}")
-    for r in rows:
-        print(
-            f"{r['arm']:<8} {r['records']:>7} {r['tokens']:>8} {r['data_cpu_s']:>7.0f} {r['fit_s']:>7.0f} "
-            f"{r['val/tau']:>8.4f} {r['val/acc_slot1']:>6.3f}"
-        )
-    record(
-        "data_source",
-        rows,
-        {
-            "steps": args.steps,
-            "tau_source_over_answers": rows[1]["val/tau"] / rows[0]["val/tau"],
-            "generation_s_per_token": gen["s_per_token"],
-        },
-    )
+    report(rows, args.steps, gen)
 
 
 def answer_tokens_generated(train: list[dict], tok) -> int:
