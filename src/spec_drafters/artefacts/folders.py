@@ -406,6 +406,26 @@ def _aux_name(key: str) -> str:
     return "confidence_head." + rest.split(".")[-1] if rest.startswith("head.") else rest
 
 
+def describe_drafter(
+    card_name: str, target, fc_ids: list[int], config: DrafterConfig, components: dict
+) -> dict:
+    """The ``spec_drafters`` block of a checkpoint: what the drafter is, in plain types (its target's
+    identity and shape, fc ids, drafter config, component names), read back by folder_from_checkpoint."""
+    return {
+        "target": {
+            "name": card_name,
+            "num_layers": target.num_layers,
+            "hidden_size": target.hidden_size,
+            "vocab_size": target.vocab_size,
+            "tied_embeddings": target.lm_head.weight is target.embed_tokens.weight,
+            "tap_ids": target.tap_ids,
+        },
+        "fc_ids": fc_ids,
+        "drafter": asdict(config),
+        "components": {**components, "attention": config.attention},
+    }
+
+
 def folder_from_module(module) -> DrafterFolder:
     """The drafter of a live DFlashModule (weights, config, fc ids, the target's identity)."""
     desc = module.describe()

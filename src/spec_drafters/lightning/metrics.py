@@ -129,6 +129,21 @@ class OfflineAcceptance(nn.Module):
         self.curve = nn.ModuleDict({k: AcceptanceCurve(depth) for k in verifiers})
         self.calibration = Calibration(depth, ranks=4)
 
+    @classmethod
+    def for_verifiers(cls, block_size: int, verifier: Verifier, extra: list[Verifier] | None):
+        """The greedy chain always (val/tau), the configured verifier (val/tau_<name>) and the extra
+        ones (val/tau_<name>_b<budget>)."""
+        from spec_drafters.decode.verifiers import GreedyChain
+        from spec_drafters.registry import name_of
+
+        verifiers: dict[str, Verifier] = {"chain": GreedyChain()}
+        if not isinstance(verifier, GreedyChain):
+            verifiers[name_of(verifier)] = verifier
+        for v in extra or []:
+            label = name_of(v) + (f"_b{v.budget}" if hasattr(v, "budget") else "")
+            verifiers[f"{label}_{len(verifiers)}" if label in verifiers else label] = v
+        return cls(block_size, verifiers)
+
     def update(self, per_block: torch.Tensor, labels: torch.Tensor, anchor_ok: torch.Tensor) -> None:
         """per_block (A, K-1, V) drafter logits of the A valid anchors (full blocks, in order of
         ``anchor_ok`` (b, N)), labels (A, K-1)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import warnings
-from dataclasses import asdict, replace
+from dataclasses import replace
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -18,26 +18,40 @@ import torch
 from jsonargparse import lazy_instance
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
-from spec_drafters.artefacts.folders import load_folder_into
+from spec_drafters.artefacts.folders import describe_drafter, load_folder_into
 from spec_drafters.decode.generate import DecodeResult, greedy_generate, speculative_generate
 from spec_drafters.decode.verifiers import GreedyChain, Verifier
 from spec_drafters.errors import ArgumentError, argument
 from spec_drafters.lightning.metrics import OfflineAcceptance
-from spec_drafters.lightning.schedule import WarmupCosine
+from spec_drafters.lightning.schedule import WarmupCosine, default_optimizer
+from spec_drafters.lightning.sharding import shard_fsdp2
 from spec_drafters.lightning.tracking import log_acceptance_figure
 from spec_drafters.model.drafter import DFlashDrafter, DrafterConfig
 from spec_drafters.model.masks import DFlashBlockMask, DrafterMask
 from spec_drafters.model.vocab import DraftVocab, FullVocab
 from spec_drafters.registry import as_config, name_of
-from spec_drafters.target.features import FeatureSpec
+from spec_drafters.target.features import FeatureSpec, plan_taps
 from spec_drafters.target.frozen import FrozenTarget
 from spec_drafters.target.injection import AllTaps, Injection
 from spec_drafters.target.labels import ModelOutput, TargetSource
-from spec_drafters.target.loaders import EmbeddedSmolLM2, MaskTokenError, TargetLoader
+from spec_drafters.target.loaders import EmbeddedSmolLM2, TargetLoader
 from spec_drafters.train.anchors import AnchorSampler, UniformAnchors
 from spec_drafters.train.losses import DraftLoss, HardCE, SlotBatch
 from spec_drafters.train.noise import FeatureNoise, NoNoise
 from spec_drafters.train.pipeline import StepBuilder, StepInputs
+
+#: The components a checkpoint names (key in its description -> attribute of the module).
+COMPONENTS = {
+    "injection": "injection",
+    "target_source": "target_source",
+    "val_target_source": "val_target_source",
+    "noise": "noise",
+    "loss": "loss_fn",
+    "mask": "mask",
+    "anchors": "anchors",
+    "verifier": "verifier",
+    "draft_vocab": "draft_vocab",
+}
 
 # The frozen target stays in eval mode on purpose (FrozenTarget.train); Lightning warns about it.
 warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
@@ -152,9 +166,8 @@ class DFlashModule(pl.LightningModule):
         self.drafter.checkpoint_layers = activation_checkpointing
         self.steps = StepBuilder(self.target, self.drafter, self.fc_ids, noise, mask, loss.needs_distribution)
         self.val_sampler = UniformAnchors(max_anchors=val_anchors, require_full_block=True)
-        self.offline = OfflineAcceptance(
-            self.drafter.config.block_size, self._offline_verifiers(eval_verifiers)
-        )
+        k = self.drafter.config.block_size
+        self.offline = OfflineAcceptance.for_verifiers(k, verifier, eval_verifiers)
         self.calibration: dict = {}  # the last validation's table, for --results and calibration.json
         # The frozen target is not in checkpoints; on_load_checkpoint checks the drafter.
         self.strict_loading = False
@@ -164,27 +177,10 @@ class DFlashModule(pl.LightningModule):
         with argument("target"):
             loaded = target.load()
         self.tokenizer, self.card = loaded.tokenizer, loaded.card
-        self.vocab_size = vocab = loaded.model.get_output_embeddings().weight.shape[0]
-        if not 0 <= self.card.mask_token_id < vocab:
-            with argument("target"):
-                mask_id = self.card.mask_token_id
-                raise MaskTokenError(f"mask token id {mask_id} is outside the vocabulary 0..{vocab - 1}")
-        with argument("injection"):
-            self.fc_ids = self.injection.fc_ids(self.card)
-        taps = set(self.injection.tap_ids(self.card))
-        for name in ("target_source", "val_target_source"):
-            source = getattr(self, name)
-            with argument(name):
-                taps |= set(source.layer_ids(self.card))
-            if self.loss_fn.needs_distribution and not source.has_distribution:
-                raise ArgumentError(
-                    "loss",
-                    f"{name_of(self.loss_fn)} needs the target's distribution, which {name} "
-                    f"{name_of(source)} does not have",
-                )
-        if not set(self.fc_ids) <= taps:
-            raise ArgumentError("injection", f"fc ids {self.fc_ids} are not all tapped ({sorted(taps)})")
-        self.target = FrozenTarget(loaded.model, sorted(taps))
+        self.vocab_size = loaded.model.get_output_embeddings().weight.shape[0]
+        sources = {"target_source": self.target_source, "val_target_source": self.val_target_source}
+        self.fc_ids, taps = plan_taps(self.card, self.vocab_size, self.injection, sources, self.loss_fn)
+        self.target = FrozenTarget(loaded.model, taps)
 
     def _wire_drafter(self, drafter: DrafterConfig, init_from: str | None) -> None:
         """Builds the drafter for the target (on the meta device when the target is) and its weights."""
@@ -205,17 +201,6 @@ class DFlashModule(pl.LightningModule):
             with argument("init_from"):
                 head = getattr(self.loss_fn, "head", None)
                 load_folder_into(init_from, self.drafter, self.fc_ids, self.target.num_layers, head)
-
-    def _offline_verifiers(self, extra: list[Verifier] | None) -> dict[str, Verifier]:
-        """The greedy chain always (val/tau), the configured verifier (val/tau_<name>) and the extra
-        ones (val/tau_<name>_b<budget>)."""
-        verifiers: dict[str, Verifier] = {"chain": GreedyChain()}
-        if not isinstance(self.verifier, GreedyChain):
-            verifiers[name_of(self.verifier)] = self.verifier
-        for v in extra or []:
-            label = name_of(v) + (f"_b{v.budget}" if hasattr(v, "budget") else "")
-            verifiers[f"{label}_{len(verifiers)}" if label in verifiers else label] = v
-        return verifiers
 
     def _step_seed(self, offset: int) -> int:
         return self.hparams.seed * 1_000_003 + offset
@@ -327,37 +312,16 @@ class DFlashModule(pl.LightningModule):
 
     # --- sharding ---------------------------------------------------------------------------------
     def configure_model(self) -> None:
-        """FSDP2 under Lightning's ``ModelParallelStrategy``: ``fully_shard`` per drafter layer, then the
-        drafter's root (fc, norms) and any trained auxiliary head. The frozen target is replicated by
-        default (no gradients or optimizer state to shard; every rank runs it on its own batch), or
-        sharded per decoder layer with ``shard_target`` when its weights do not fit one device.
-        Without a device mesh (single process, DDP) this does nothing.
-        """
-        mesh = self.device_mesh
-        if mesh is None or getattr(self, "_sharded", False):
-            return
-        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-
-        dp = mesh["data_parallel"] if "data_parallel" in (mesh.mesh_dim_names or ()) else mesh
-        policy = MixedPrecisionPolicy()  # parameters and gradient reduction in the stored dtype
-        for layer in self.drafter.layers:
-            fully_shard(layer, mesh=dp, mp_policy=policy)
-        fully_shard(self.drafter, mesh=dp, mp_policy=policy)
-        if any(p.requires_grad for p in self.loss_fn.parameters()):
-            fully_shard(self.loss_fn, mesh=dp, mp_policy=policy)
-        if self.hparams.shard_target:
-            for layer in self.target.base.layers:  # gathered around each layer's forward, then freed
-                fully_shard(layer, mesh=dp, mp_policy=policy)
-        self._sharded = True
+        """FSDP2 under Lightning's ``ModelParallelStrategy`` (sharding.py); nothing without a mesh."""
+        if self.device_mesh is not None and not getattr(self, "_sharded", False):
+            shard_fsdp2(self.drafter, self.loss_fn, self.target, self.device_mesh, self.hparams.shard_target)
+            self._sharded = True
 
     # --- optimisation -----------------------------------------------------------------------------
     def configure_optimizers(self):
         hp = self.hparams
         params = [p for p in self.parameters() if p.requires_grad]  # drafter + auxiliary heads
-        if self.optimizer is not None:
-            opt = self.optimizer(params)
-        else:
-            opt = torch.optim.AdamW(params, lr=hp.lr, weight_decay=hp.weight_decay, betas=(0.9, 0.95))
+        opt = self.optimizer(params) if self.optimizer else default_optimizer(params, hp.lr, hp.weight_decay)
         if self.lr_scheduler is not None:
             sched = self.lr_scheduler(opt)
         else:
@@ -367,31 +331,9 @@ class DFlashModule(pl.LightningModule):
 
     # --- checkpoints --------------------------------------------------------------------------------
     def describe(self) -> dict:
-        """What this drafter is, in plain types: stored in every checkpoint."""
-        return {
-            "target": {
-                "name": self.card.name,
-                "num_layers": self.target.num_layers,
-                "hidden_size": self.target.hidden_size,
-                "vocab_size": self.target.vocab_size,
-                "tied_embeddings": self.target.lm_head.weight is self.target.embed_tokens.weight,
-                "tap_ids": self.target.tap_ids,
-            },
-            "fc_ids": self.fc_ids,
-            "drafter": asdict(self.drafter.config),
-            "components": {
-                "injection": name_of(self.injection),
-                "target_source": name_of(self.target_source),
-                "val_target_source": name_of(self.val_target_source),
-                "noise": name_of(self.noise),
-                "loss": name_of(self.loss_fn),
-                "mask": name_of(self.mask),
-                "anchors": name_of(self.anchors),
-                "verifier": name_of(self.verifier),
-                "draft_vocab": name_of(self.draft_vocab),
-                "attention": self.drafter.config.attention,
-            },
-        }
+        """What this drafter is, in plain types: stored in every checkpoint (artefacts/folders.py)."""
+        names = {key: name_of(getattr(self, attr)) for key, attr in COMPONENTS.items()}
+        return describe_drafter(self.card.name, self.target, self.fc_ids, self.drafter.config, names)
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         state = checkpoint["state_dict"]

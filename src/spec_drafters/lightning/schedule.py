@@ -1,4 +1,4 @@
-"""The default learning-rate schedule: linear warmup, then cosine decay to a floor."""
+"""The default optimizer and learning-rate schedule: AdamW, linear warmup, then cosine decay to a floor."""
 
 from __future__ import annotations
 
@@ -37,3 +37,8 @@ class WarmupCosine(torch.optim.lr_scheduler.LambdaLR):
             return (step + 1) / self.warmup
         progress = min(1.0, (step - self.warmup) / max(1, self.total_steps - self.warmup))
         return self.min_lr_ratio + (1 - self.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def default_optimizer(params, lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    """AdamW with betas (0.9, 0.95), the released drafters' optimizer (docs/method.md section 2.9)."""
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, betas=(0.9, 0.95))

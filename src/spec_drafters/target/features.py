@@ -11,8 +11,11 @@ from dataclasses import dataclass
 
 import torch
 
+from spec_drafters.errors import ArgumentError, argument
+from spec_drafters.registry import name_of
 from spec_drafters.target.frozen import FrozenTarget, TargetOutput
 from spec_drafters.target.labels import TargetSource
+from spec_drafters.target.loaders import MaskTokenError
 
 
 def fc_input(out: TargetOutput, fc_ids: list[int], positions: torch.Tensor | None = None) -> torch.Tensor:
@@ -72,3 +75,29 @@ class FeatureSpec:
 
     def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> TargetFeatures:
         return target_features(self.target, self.fc_ids, self.source, input_ids, attention_mask)
+
+
+def plan_taps(card, vocab_size: int, injection, sources: dict, loss) -> tuple[list[int], list[int]]:
+    """The fc ids and every tapped layer, after checking that the chosen components fit the target and
+    each other. ``sources``: argument name -> label source (training and validation). Errors name the
+    argument they concern (errors.ArgumentError); the CLI turns it into its flag."""
+    if not 0 <= card.mask_token_id < vocab_size:
+        with argument("target"):
+            raise MaskTokenError(
+                f"mask token id {card.mask_token_id} is outside the vocabulary 0..{vocab_size - 1}"
+            )
+    with argument("injection"):
+        fc_ids = injection.fc_ids(card)
+        taps = set(injection.tap_ids(card))
+    for name, source in sources.items():
+        with argument(name):
+            taps |= set(source.layer_ids(card))
+        if loss.needs_distribution and not source.has_distribution:
+            raise ArgumentError(
+                "loss",
+                f"{name_of(loss)} needs the target's distribution, which {name} {name_of(source)} "
+                "does not have",
+            )
+    if not set(fc_ids) <= taps:
+        raise ArgumentError("injection", f"fc ids {fc_ids} are not all tapped ({sorted(taps)})")
+    return fc_ids, sorted(taps)
