@@ -250,23 +250,6 @@ def run_fit(argv: list[str]) -> None:
     run_lightning(["fit", *argv])
 
 
-def run_validate(argv: list[str]) -> None:
-    _evaluate("validate", argv)
-
-
-def run_test(argv: list[str]) -> None:
-    _evaluate("test", argv)
-
-
-def _evaluate(subcommand: str, argv: list[str]) -> None:
-    if "--drafters" in argv:  # several drafters, one table (cli/results.py)
-        from spec_drafters.cli.results import validate_many
-
-        validate_many([subcommand, *argv])
-    else:
-        run_lightning([subcommand, *argv])
-
-
 class _LoadOnly(SpecDraftersCLI):
     """Parses a validate command line (config, overrides, --ckpt_path) and builds the module; runs nothing."""
 

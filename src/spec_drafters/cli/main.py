@@ -33,11 +33,11 @@ COMMANDS: dict[str, Command] = {
         "lightning_cli:run_fit", "train a drafter (LightningCLI: --config, --model.*, --data.*, --trainer.*)"
     ),
     "validate": Command(
-        "lightning_cli:run_validate",
+        "results:run_validate",
         "offline metrics of a drafter (--ckpt_path); several side by side with --drafters A B ...",
     ),
     "test": Command(
-        "lightning_cli:run_test", "LightningCLI's test loop (the module has no test_step yet: use validate)"
+        "results:run_test", "LightningCLI's test loop (the module has no test_step yet: use validate)"
     ),
     "generate": Command(
         "generate:generate", "decode prompts with the drafter and a verifier: tau, speed, lossless"

@@ -121,3 +121,19 @@ def _drafter_args(path: str) -> list[str]:
     if path == "untrained":
         return []
     return ["--ckpt_path", path] if path.endswith(".ckpt") else ["--model.init_from", path]
+
+
+def run_validate(argv: list[str]) -> None:
+    """``spec-drafters validate``: LightningCLI's, or several drafters side by side with ``--drafters``."""
+    _evaluate("validate", argv)
+
+
+def run_test(argv: list[str]) -> None:
+    _evaluate("test", argv)
+
+
+def _evaluate(subcommand: str, argv: list[str]) -> None:
+    if "--drafters" in argv:  # several drafters, one table
+        validate_many([subcommand, *argv])
+    else:
+        run_lightning([subcommand, *argv])
