@@ -56,7 +56,7 @@ def generate(argv: list[str]) -> None:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text("".join(json.dumps(r) + "\n" for r in rows))
         print(f"per-prompt results written to {args.out}")
-    print(json.dumps(_summary(rows, verifier, with_greedy=not args.no_greedy)))
+    print(json.dumps(_summary(rows, verifier)))
 
 
 def _texts(args: argparse.Namespace) -> list[str]:
@@ -71,25 +71,17 @@ def _texts(args: argparse.Namespace) -> list[str]:
 
 def _decode(module, i: int, prompt: list[int], verifier: str, args: argparse.Namespace) -> dict:
     """One prompt's row: the speculative decode and, unless --no_greedy, the plain greedy one."""
+    from spec_drafters.decode.summary import prompt_row
+
     spec = module.speculate(prompt, args.max_new_tokens)
+    plain = None if args.no_greedy else module.greedy(prompt, args.max_new_tokens)
     row = {
         "prompt": i,
         "verifier": verifier,
         "prompt_tokens": len(prompt),
         "output": module.tokenizer.decode(spec.tokens),
-        "new_tokens": len(spec.tokens),
-        "rounds": spec.rounds,
-        "tau": spec.tau,
-        "tokens_per_s": spec.tokens_per_s,
-        "accept_lengths": spec.accept_lengths,
+        **prompt_row(spec, plain),
     }
-    if not args.no_greedy:
-        plain = module.greedy(prompt, args.max_new_tokens)
-        row.update(
-            greedy_tokens_per_s=plain.tokens_per_s,
-            speedup=spec.tokens_per_s / plain.tokens_per_s,
-            lossless=spec.tokens == plain.tokens,
-        )
     stats = f"tau {row['tau']:.2f}, {row['tokens_per_s']:.1f} tok/s"
     if "speedup" in row:
         stats += f", speedup {row['speedup']:.2f}, lossless {row['lossless']}"
@@ -97,20 +89,8 @@ def _decode(module, i: int, prompt: list[int], verifier: str, args: argparse.Nam
     return row
 
 
-def _summary(rows: list[dict], verifier: str, with_greedy: bool) -> dict:
-    """tau as the mean of per-prompt means (and pooled over rounds); speeds over all tokens."""
-    n = len(rows)
-    summary = {
-        "verifier": verifier,
-        "prompts": n,
-        "tau": sum(r["tau"] for r in rows) / n,
-        "tau_pooled": sum(sum(r["accept_lengths"]) for r in rows) / max(1, sum(r["rounds"] for r in rows)),
-        "tokens_per_s": sum(r["new_tokens"] for r in rows)
-        / sum(r["new_tokens"] / r["tokens_per_s"] for r in rows),
-    }
-    if with_greedy:
-        summary["lossless"] = sum(r["lossless"] for r in rows) / n
-        greedy_time = sum(r["new_tokens"] / r["greedy_tokens_per_s"] for r in rows)
-        summary["greedy_tokens_per_s"] = sum(r["new_tokens"] for r in rows) / greedy_time
-        summary["speedup"] = summary["tokens_per_s"] / summary["greedy_tokens_per_s"]
-    return summary
+def _summary(rows: list[dict], verifier: str) -> dict:
+    """decode/summary.py's summary, with the verifier's name."""
+    from spec_drafters.decode.summary import summarize
+
+    return {"verifier": verifier, **summarize(rows)}
