@@ -173,8 +173,8 @@ def test_validate_runs_real_speculative_decoding_on_humaneval_prompts(fitted, tm
         assert metrics[f"decode/tau{suffix}"] >= 1.0 and metrics[f"decode/speedup{suffix}"] > 0
     (rows,) = tmp_path.rglob("decode.jsonl")
     per_prompt = [json.loads(line) for line in rows.read_text().splitlines()]
-    assert len(per_prompt) == 3 and all(0 < r["tokens"] <= 16 for r in per_prompt)
-    assert all(sum(r["accept_lengths"]) + 1 >= r["tokens"] for r in per_prompt)
+    assert len(per_prompt) == 3 and all(0 < r["new_tokens"] <= 16 for r in per_prompt)
+    assert all(sum(r["accept_lengths"]) + 1 >= r["new_tokens"] for r in per_prompt)
     assert all(r["rounds_prompt_lookup"] >= 1 for r in per_prompt)
 
 

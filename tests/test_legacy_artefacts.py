@@ -59,8 +59,19 @@ def test_old_folder_starts_a_drafter(tmp_path, folder):
         extra = ["--model.draft_vocab", "FrequentTokens", "--model.draft_vocab.counts", counts]
         extra += ["--model.draft_vocab.size", "64"]
     out = tmp_path / "now.json"
+    root = ["--trainer.default_root_dir", str(tmp_path)]
     main(
-        ["validate", "--config", TINY, "--model.init_from", str(FIX / folder), *extra, "--results", str(out)]
+        [
+            "validate",
+            "--config",
+            TINY,
+            *root,
+            "--model.init_from",
+            str(FIX / folder),
+            *extra,
+            "--results",
+            str(out),
+        ]
     )
     then = json.loads((FIX / expected).read_text())["metrics"]
     now = json.loads(out.read_text())["metrics"]

@@ -76,7 +76,7 @@ class Entry:
             if ann is inspect.Parameter.empty:  # unannotated: its __name__ would print as "_empty"
                 ann = ""
             elif not isinstance(ann, str):
-                ann = getattr(ann, "__name__", "")
+                ann = inspect.formatannotation(ann)  # Literal['x', 'y'], int | None, list[int]
             text = f"{p.name}: {ann}" if ann else p.name
             if p.default is not inspect.Parameter.empty:
                 text += f" = {p.default!r}"

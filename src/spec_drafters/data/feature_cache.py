@@ -92,25 +92,45 @@ def build_cache(
     progress: bool = True,
 ) -> dict:
     """Runs the target over the training records of ``data`` (TextRecords) and writes the cache;
-    returns the index."""
-    from spec_drafters.data.records import collate
-
+    returns the index. Run again after an interruption, it keeps the shards whose checksum holds."""
     store = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(dtype)
     if store is None:
         raise ValueError(f"--dtype must be float32 or bfloat16, got {dtype!r}")
     examples, _ = data.examples(spec.tokenizer)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    soft = spec.soft
     meta = {
         "format": FORMAT,
         **run_meta(spec, data, examples),
         "label_layers": spec.identity["label_layers"],
         "dtype": dtype,
-        "label_hidden": soft,
+        "label_hidden": spec.soft,
     }
-    index_path = out / "index.json"
-    index = json.loads(index_path.read_text()) if index_path.is_file() else {"meta": meta, "shards": []}
+    index = _open_index(out, meta)
+    done = {s["file"]: s for s in index["shards"]}
+    starts = range(0, len(examples), shard_records)
+    bar = _bar(len(starts)) if progress else None
+    for shard_id, start in enumerate(starts):
+        name = f"shard-{shard_id:05d}.safetensors"
+        finished = name in done and (out / name).is_file()  # before an interruption
+        if not (finished and sha256_file(out / name) == done[name]["sha256"]):
+            entry = _write_shard(spec, examples[start : start + shard_records], out / name, store, batch_size)
+            index["shards"] = [s for s in index["shards"] if s["file"] != name] + [entry]
+            _write_json(out / "index.json", index)
+        if bar:
+            bar.update(1)
+    if bar:
+        bar.close()
+    index["bytes"] = sum((out / s["file"]).stat().st_size for s in index["shards"])
+    index["tokens"] = sum(s["tokens"] for s in index["shards"])
+    _write_json(out / "index.json", index)
+    return index
+
+
+def _open_index(out: Path, meta: dict) -> dict:
+    """The folder's index (new, or the one an interrupted build of the same run left)."""
+    path = out / "index.json"
+    index = json.loads(path.read_text()) if path.is_file() else {"meta": meta, "shards": []}
     built = index["meta"]
     differ = [k for k in meta.keys() | built.keys() if k != "data_path" and built.get(k) != meta.get(k)]
     if differ:
@@ -119,62 +139,45 @@ def build_cache(
             + ", ".join(f"{k}={built.get(k)!r} (this build: {meta.get(k)!r})" for k in sorted(differ))
             + "; use a new --out folder"
         )
-    done = {s["file"]: s for s in index["shards"]}
-    starts = range(0, len(examples), shard_records)
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(starts), desc="cache shards", unit="shard")
-    for shard_id, start in enumerate(starts):
-        name = f"shard-{shard_id:05d}.safetensors"
-        if name in done and (out / name).is_file() and sha256_file(out / name) == done[name]["sha256"]:
-            if bar:
-                bar.update(1)
-            continue  # finished before an interruption
-        chunk = examples[start : start + shard_records]
-        parts: dict[str, list[torch.Tensor]] = {
-            "input_ids": [],
-            "loss_mask": [],
-            "features": [],
-            "labels": [],
-            "label_hidden": [],
-        }
-        for b in range(0, len(chunk), batch_size):
-            group = chunk[b : b + batch_size]
-            batch = collate(group)
-            feats = spec(batch["input_ids"], batch["attention_mask"])  # what online training computes
-            labels = feats.labels.masked_fill(~feats.label_ok, -1).to(torch.int32)  # (b, S)
-            for i, ex in enumerate(group):
-                n = len(ex.input_ids)
-                parts["input_ids"].append(torch.tensor(ex.input_ids))
-                parts["loss_mask"].append(torch.tensor(ex.loss_mask))
-                parts["features"].append(feats.clean[i, :n].to(store))
-                parts["labels"].append(labels[i, :n])
-                if soft:
-                    parts["label_hidden"].append(feats.hidden[i, :n].to(store))
-        lengths = torch.tensor([len(ex.input_ids) for ex in chunk])
-        tensors = {k: torch.cat(v).contiguous() for k, v in parts.items() if v}
-        tensors["offsets"] = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
-        tmp = out / (name + ".tmp")
-        save_file(tensors, str(tmp))
-        os.replace(tmp, out / name)
-        entry = {
-            "file": name,
-            "records": len(chunk),
-            "tokens": int(lengths.sum()),
-            "sha256": sha256_file(out / name),
-        }
-        index["shards"] = [s for s in index["shards"] if s["file"] != name] + [entry]
-        _write_json(index_path, index)
-        if bar:
-            bar.update(1)
-    if bar:
-        bar.close()
-    index["bytes"] = sum((out / s["file"]).stat().st_size for s in index["shards"])
-    index["tokens"] = sum(s["tokens"] for s in index["shards"])
-    _write_json(index_path, index)
     return index
+
+
+def _bar(total: int):
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc="cache shards", unit="shard")
+
+
+def _write_shard(spec: FeatureSpec, chunk: list, file: Path, store: torch.dtype, batch_size: int) -> dict:
+    """Runs the target over one shard's records and writes it atomically; returns its index entry."""
+    from spec_drafters.data.records import collate
+
+    parts: dict[str, list[torch.Tensor]] = {k: [] for k in CachedRecords.FIELDS}
+    for b in range(0, len(chunk), batch_size):
+        group = chunk[b : b + batch_size]
+        batch = collate(group)
+        feats = spec(batch["input_ids"], batch["attention_mask"])  # what online training computes
+        labels = feats.labels.masked_fill(~feats.label_ok, -1).to(torch.int32)  # (b, S)
+        for i, ex in enumerate(group):
+            n = len(ex.input_ids)
+            parts["input_ids"].append(torch.tensor(ex.input_ids))
+            parts["loss_mask"].append(torch.tensor(ex.loss_mask))
+            parts["features"].append(feats.clean[i, :n].to(store))
+            parts["labels"].append(labels[i, :n])
+            if spec.soft:
+                parts["label_hidden"].append(feats.hidden[i, :n].to(store))
+    lengths = torch.tensor([len(ex.input_ids) for ex in chunk])
+    tensors = {k: torch.cat(v).contiguous() for k, v in parts.items() if v}
+    tensors["offsets"] = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
+    tmp = file.with_name(file.name + ".tmp")
+    save_file(tensors, str(tmp))
+    os.replace(tmp, file)
+    return {
+        "file": file.name,
+        "records": len(chunk),
+        "tokens": int(lengths.sum()),
+        "sha256": sha256_file(file),
+    }
 
 
 class CachedRecords(torch.utils.data.Dataset):

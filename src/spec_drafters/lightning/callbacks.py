@@ -27,6 +27,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from spec_drafters.data.prompts import HumanEvalPrompts, PromptSet
 from spec_drafters.decode.generate import DecodeResult, check_fits, speculative_generate
+from spec_drafters.decode.summary import prompt_row, summarize
 from spec_drafters.decode.verifiers import Verifier
 from spec_drafters.registry import name_of
 
@@ -127,38 +128,22 @@ class SpeculativeDecodingEval(pl.Callback):
         prompts = [module.tokenizer.encode(text) for text in self.prompts.prompts()]
         for i, prompt in enumerate(prompts):  # all of them before decoding any
             check_fits(module.target, len(prompt), self.max_new_tokens, f"{type(self).__name__}: prompt {i}")
+        per_decoder: dict[str, list[dict]] = {suffix: [] for suffix in decoders}
         rows = []
         for i, prompt in enumerate(prompts):
             plain = module.greedy(prompt, self.max_new_tokens)
-            row = {"prompt": i, "prompt_tokens": len(prompt), "greedy_tokens": len(plain.tokens)}
-            row["greedy_tokens_per_s"] = plain.tokens_per_s
+            row = {"prompt": i, "prompt_tokens": len(prompt)}
             for suffix, decode in decoders.items():
-                spec = decode(prompt)
-                row[f"tokens{suffix}"] = len(spec.tokens)
-                row[f"rounds{suffix}"] = spec.rounds
-                row[f"committed{suffix}"] = spec.committed
-                row[f"tau{suffix}"] = spec.tau
-                row[f"seconds{suffix}"] = spec.seconds
-                row[f"lossless{suffix}"] = spec.tokens == plain.tokens
-                if spec.accept_lengths:
-                    row[f"accept_lengths{suffix}"] = spec.accept_lengths
-            row["greedy_seconds"] = plain.seconds
+                one = prompt_row(decode(prompt), plain)  # decode/summary.py: one rule for every caller
+                per_decoder[suffix].append(one)
+                row.update({k if k.startswith("greedy_") else f"{k}{suffix}": v for k, v in one.items()})
             rows.append(row)
         self.last = {"decode/prompts": float(len(rows))}
-        plain_time = sum(r["greedy_seconds"] for r in rows)
-        plain_tokens = sum(r["greedy_tokens"] for r in rows)
-        self.last["decode/greedy_tokens_per_s"] = plain_tokens / plain_time
-        for suffix in decoders:
-            spec_time = sum(r[f"seconds{suffix}"] for r in rows)
-            spec_tokens = sum(r[f"tokens{suffix}"] for r in rows)
-            self.last[f"decode/tau{suffix}"] = sum(r[f"tau{suffix}"] for r in rows) / len(rows)
-            committed = sum(r[f"committed{suffix}"] for r in rows)
-            self.last[f"decode/tau_pooled{suffix}"] = committed / max(
-                1, sum(r[f"rounds{suffix}"] for r in rows)
-            )
-            self.last[f"decode/tokens_per_s{suffix}"] = spec_tokens / spec_time
-            self.last[f"decode/speedup{suffix}"] = (spec_tokens / spec_time) / (plain_tokens / plain_time)
-            self.last[f"decode/lossless{suffix}"] = sum(r[f"lossless{suffix}"] for r in rows) / len(rows)
+        for suffix, decoded in per_decoder.items():
+            summary = summarize(decoded)
+            self.last["decode/greedy_tokens_per_s"] = summary["greedy_tokens_per_s"]  # the same for all
+            for key in ("tau", "tau_pooled", "tokens_per_s", "speedup", "lossless"):
+                self.last[f"decode/{key}{suffix}"] = summary[key]
         for key, value in self.last.items():
             module.log(key, value, rank_zero_only=True)
         log_dir = trainer.log_dir

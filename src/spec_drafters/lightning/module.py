@@ -184,8 +184,9 @@ class DFlashModule(pl.LightningModule):
 
     def _wire_drafter(self, drafter: DrafterConfig, init_from: str | None) -> None:
         """Builds the drafter for the target (on the meta device when the target is) and its weights."""
-        with argument("drafter"):
+        with argument("mask"):
             rules = self.mask.per_layer(drafter.num_layers)
+        with argument("drafter"):
             cfg = drafter.resolved(self.target.model.config, len(self.fc_ids), self.card.mask_token_id, rules)
         with argument("draft_vocab"):
             draft_ids = self.draft_vocab.token_ids(self.vocab_size)
