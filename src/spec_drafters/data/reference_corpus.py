@@ -180,26 +180,30 @@ def mix(answers: Path, source: Path | None, source_records: int, out: Path) -> d
     return {"answers": len(records), "source_windows": len(windows), "sha256": digest.hexdigest()}
 
 
-def main(argv: list[str] | None = None) -> None:
+def mix_main(argv: list[str]) -> None:
+    """``spec-drafters reference-corpus mix``: one training file from the answers and source windows."""
     import argparse
 
-    if argv and argv[0] == "mix":
-        ap = argparse.ArgumentParser(
-            prog="spec-drafters reference-corpus mix",
-            description="Join the answers corpus and some source windows into one training file.",
-        )
-        ap.add_argument("--answers", required=True, type=Path)
-        ap.add_argument("--source", type=Path)
-        ap.add_argument("--source_records", type=int, default=0)
-        ap.add_argument("--out", required=True, type=Path)
-        args = ap.parse_args(argv[1:])
-        print(json.dumps(mix(args.answers, args.source, args.source_records, args.out)))
-        return
+    ap = argparse.ArgumentParser(
+        prog="spec-drafters reference-corpus mix",
+        description="Join the answers corpus and some source windows into one training file.",
+    )
+    ap.add_argument("--answers", required=True, type=Path)
+    ap.add_argument("--source", type=Path)
+    ap.add_argument("--source_records", type=int, default=0)
+    ap.add_argument("--out", required=True, type=Path)
+    args = ap.parse_args(argv)
+    print(json.dumps(mix(args.answers, args.source, args.source_records, args.out)))
+
+
+def _parser():
+    import argparse
 
     ap = argparse.ArgumentParser(
         prog="spec-drafters reference-corpus",
         description="Stage 1 of the reference recipe: answer every stdlib docstring prompt with the "
-        "embedded target (resumable), or cut the stdlib's source into teacher-forced windows.",
+        "embedded target (resumable), or cut the stdlib's source into teacher-forced windows "
+        "(`spec-drafters reference-corpus mix --help` joins them).",
     )
     ap.add_argument("--out", required=True, help="a folder: parts, then corpus.jsonl.gz and manifest.json")
     ap.add_argument("--kind", choices=["answers", "source"], default="answers")
@@ -213,6 +217,14 @@ def main(argv: list[str] | None = None) -> None:
         type=int,
         help="torch threads (on a shared machine 1 thread beats 2 that spin-wait for a busy core)",
     )
+    return ap
+
+
+def main(argv: list[str] | None = None) -> None:
+    if argv and argv[0] == "mix":
+        mix_main(argv[1:])
+        return
+    ap = _parser()
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -8,10 +8,8 @@ hooks.
 from __future__ import annotations
 
 import contextlib
-import json
 import warnings
 from dataclasses import replace
-from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
@@ -25,7 +23,7 @@ from spec_drafters.errors import ArgumentError, argument
 from spec_drafters.lightning.metrics import OfflineAcceptance
 from spec_drafters.lightning.schedule import WarmupCosine, default_optimizer
 from spec_drafters.lightning.sharding import shard_fsdp2
-from spec_drafters.lightning.tracking import log_acceptance_figure
+from spec_drafters.lightning.tracking import log_validation
 from spec_drafters.model.drafter import DFlashDrafter, DrafterConfig
 from spec_drafters.model.masks import DFlashBlockMask, DrafterMask
 from spec_drafters.model.vocab import DraftVocab, FullVocab
@@ -40,18 +38,9 @@ from spec_drafters.train.losses import DraftLoss, HardCE, SlotBatch
 from spec_drafters.train.noise import FeatureNoise, NoNoise
 from spec_drafters.train.pipeline import StepBuilder, StepInputs
 
-#: The components a checkpoint names (key in its description -> attribute of the module).
-COMPONENTS = {
-    "injection": "injection",
-    "target_source": "target_source",
-    "val_target_source": "val_target_source",
-    "noise": "noise",
-    "loss": "loss_fn",
-    "mask": "mask",
-    "anchors": "anchors",
-    "verifier": "verifier",
-    "draft_vocab": "draft_vocab",
-}
+#: The components a checkpoint names: its key -> the module's attribute.
+COMPONENTS = {k: k for k in ("injection", "target_source", "val_target_source", "noise", "mask")}
+COMPONENTS |= {"loss": "loss_fn", "anchors": "anchors", "verifier": "verifier", "draft_vocab": "draft_vocab"}
 
 # The frozen target stays in eval mode on purpose (FrozenTarget.train); Lightning warns about it.
 warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
@@ -102,13 +91,8 @@ class DFlashModule(pl.LightningModule):
         self,
         target: TargetLoader = lazy_instance(EmbeddedSmolLM2),
         drafter: DrafterConfig = DrafterConfig(),  # noqa: B008 - a dataclass value, copied by resolved()
-        # A config that switches a component's class_path keeps the default's init_args that the new
-        # class also accepts (jsonargparse issue #460): a default of ZLabTaps(num_taps=5) turned every
-        # YAML AllTaps/AllButLast into z-lab's 5-tap formula, never the card's taps. So each default
-        # holds nothing a switched class could read as a choice: no init_args, init_args that are all
-        # None ("unset" in every tap-list strategy), or values equal to every built-in class's default
-        # of the same name (tests/test_component_defaults.py parses every class of every kind from
-        # YAML). A plugin that reuses such a name (gamma, dtype, max_anchors) must keep that default.
+        # Defaults hold no choices a switched class_path could inherit (jsonargparse issue #460; a
+        # ZLabTaps(num_taps=5) default once leaked into every YAML AllTaps): docs/components.md, Plugins.
         injection: Injection = lazy_instance(AllTaps),
         target_source: TargetSource = lazy_instance(ModelOutput),
         val_target_source: TargetSource = lazy_instance(ModelOutput),
@@ -133,29 +117,15 @@ class DFlashModule(pl.LightningModule):
         lr_scheduler: LRSchedulerCallable | None = None,
     ):
         super().__init__()
-        # Hyperparameters are stored as plain {class_path, init_args} dicts: components built in Python
-        # are objects (some of them jsonargparse lazy instances, which cannot be deep-copied), and
-        # checkpoints loaded with weights_only=True can hold only plain types.
-        args = dict(locals())
-        del args["self"], args["__class__"]
-        # A chosen optimizer or scheduler is a callable, not a component: the run's config keeps it
-        # (config.yaml beside the checkpoints), and a resumed fit is given it again.
+        # Hyperparameters as plain {class_path, init_args} dicts (weights_only checkpoints hold plain
+        # types only). A chosen optimizer or scheduler is a callable: the run's config.yaml keeps it.
+        args = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
         args["optimizer"] = args["lr_scheduler"] = None
         self.save_hyperparameters({key: as_config(value) for key, value in args.items()})
         self.optimizer, self.lr_scheduler = optimizer, lr_scheduler
-        self.injection, self.target_source, self.val_target_source = (
-            injection,
-            target_source,
-            val_target_source,
-        )
-        self.noise, self.loss_fn, self.mask, self.anchors, self.verifier = (
-            noise,
-            loss,
-            mask,
-            anchors,
-            verifier,
-        )
-        self.draft_vocab = draft_vocab
+        self.injection, self.verifier, self.draft_vocab = injection, verifier, draft_vocab
+        self.target_source, self.val_target_source = target_source, val_target_source
+        self.noise, self.loss_fn, self.mask, self.anchors = noise, loss, mask, anchors
         self._wire_target(target)
         self._wire_drafter(drafter, init_from)
         if val_anchors < 1:
@@ -226,14 +196,8 @@ class DFlashModule(pl.LightningModule):
 
     # --- training ---------------------------------------------------------------------------------
     def training_step(self, batch, batch_idx):
-        inp = self.steps(
-            batch,
-            self.anchors,
-            self.target_source,
-            self._step_seed(self.global_step),
-            self._rows(batch),
-            True,
-        )
+        seed, rows = self._step_seed(self.global_step), self._rows(batch)
+        inp = self.steps(batch, self.anchors, self.target_source, seed, rows, noisy=True)
         sb = self._slot_batch(self.steps.draft_hidden(inp), inp)
         parts = self.loss_fn(sb)
         acc = (sb.argmax() == sb.labels).float().mean() if not sb.empty else torch.zeros(())
@@ -273,14 +237,9 @@ class DFlashModule(pl.LightningModule):
         metrics, curves, self.calibration = self.offline.compute()
         for key, value in metrics.items():
             self.log(f"val/{key}", value, prog_bar=key in ("tau", "acc"))
-        trainer = self._trainer
-        if trainer is not None and not trainer.sanity_checking:
+        if self._trainer is not None and not self._trainer.sanity_checking:
             slots = [v for key, v in metrics.items() if key.startswith("acc_slot")]
-            log_acceptance_figure(trainer, slots, curves)
-            log_dir = trainer.log_dir  # a broadcast under data parallelism: every rank asks, once
-            if log_dir and trainer.is_global_zero:
-                Path(log_dir).mkdir(parents=True, exist_ok=True)
-                (Path(log_dir) / "calibration.json").write_text(json.dumps(self.calibration, indent=1) + "\n")
+            log_validation(self._trainer, slots, curves, self.calibration)
 
     def feature_spec(self) -> FeatureSpec:
         """The target side of this run: what computes the fc input and labels, and what identifies them."""
@@ -301,14 +260,9 @@ class DFlashModule(pl.LightningModule):
         self, prompt: list[int], max_new_tokens: int, verifier: Verifier | None = None
     ) -> DecodeResult:
         """Speculative decoding with this drafter and ``verifier`` (default: the configured one)."""
+        verifier, eos = verifier or self.verifier, self.card.eos_token_ids
         return speculative_generate(
-            self.target,
-            self.drafter,
-            self.fc_ids,
-            verifier or self.verifier,
-            prompt,
-            max_new_tokens,
-            self.card.eos_token_ids,
+            self.target, self.drafter, self.fc_ids, verifier, prompt, max_new_tokens, eos
         )
 
     # --- sharding ---------------------------------------------------------------------------------

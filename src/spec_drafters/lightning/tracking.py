@@ -6,6 +6,7 @@ Browse an Aim run with ``aim up --repo <run folder>`` (the quickstart's: ``aim u
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -140,3 +141,15 @@ def log_acceptance_figure(trainer, acc_per_slot: list[float], curves: dict[str, 
             where.append(str(path))
     plt.close(fig)
     return where
+
+
+def log_validation(
+    trainer, acc_per_slot: list[float], curves: dict[str, list[float]], calibration: dict
+) -> None:
+    """A validation's artefacts: the acceptance figure for every logger that holds figures, and the
+    calibration table as calibration.json in the run's log folder."""
+    log_acceptance_figure(trainer, acc_per_slot, curves)
+    log_dir = trainer.log_dir  # a broadcast under data parallelism: every rank asks, once
+    if log_dir and trainer.is_global_zero:
+        Path(log_dir).mkdir(parents=True, exist_ok=True)
+        (Path(log_dir) / "calibration.json").write_text(json.dumps(calibration, indent=1) + "\n")
