@@ -81,8 +81,8 @@ class DFlashModule(pl.LightningModule):
         min_lr_ratio: the default schedule's cosine decays to lr * min_lr_ratio.
         seed: seeds the anchor draws (step-indexed, so a resumed run draws the same anchors).
         optimizer: any optimizer, chosen in YAML (``class_path: torch.optim.SGD`` with its
-            ``init_args``); default AdamW(lr, weight_decay, betas (0.9, 0.95)) over the trained
-            parameters.
+            ``init_args``; ``MuonWithAdamW`` for Muon); default AdamW(lr, weight_decay,
+            betas (0.9, 0.95)) over the trained parameters.
         lr_scheduler: any scheduler, chosen in YAML and stepped every optimizer step; default
             :class:`~spec_drafters.lightning.schedule.WarmupCosine` over the run's steps.
     """
