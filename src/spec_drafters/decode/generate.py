@@ -31,7 +31,9 @@ from spec_drafters.decode.acceptance import accepted_nodes
 from spec_drafters.decode.verifiers import Verifier
 from spec_drafters.model.drafter import ContextCache, DFlashDrafter
 from spec_drafters.model.kernels import packed_linears as _packed
+from spec_drafters.target.features import fc_input
 from spec_drafters.target.frozen import FrozenTarget, crop_cache
+from spec_drafters.train.anchors import build_blocks
 
 
 @dataclass
@@ -234,8 +236,7 @@ def speculative_round(
 
 def _features(out, fc_ids: list[int], nodes: list[int]) -> torch.Tensor:
     """The drafter's input features of the given positions of a target output -> (1, T, n*H)."""
-    idx = torch.tensor(nodes, device=out.hidden.device)
-    return torch.cat([out.taps[i][:, idx] for i in fc_ids], dim=-1)
+    return fc_input(out, fc_ids, torch.tensor(nodes, device=out.hidden.device))
 
 
 def _draft_logits(
@@ -246,9 +247,12 @@ def _draft_logits(
     device = target.embed_tokens.weight.device
     if depth == 0:
         return torch.empty((0, drafter.config.draft_vocab_size or target.vocab_size), device=device)
-    block = torch.full((1, depth + 1), drafter.config.mask_token_id, device=device)
-    block[0, 0] = bonus
-    hidden = drafter(target.embed(block), _positions(start, depth + 1, device), context.kv)  # (1, D+1, H)
+    # One block anchored at the bonus, built as in training: [bonus, MASK x depth] at start.. .
+    anchor = torch.zeros((1, 1), dtype=torch.long, device=device)
+    block, offsets = build_blocks(
+        torch.tensor([[bonus]], device=device), anchor, depth + 1, drafter.config.mask_token_id
+    )
+    hidden = drafter(target.embed(block), offsets + start, context.kv)  # (1, D+1, H)
     return drafter.logits(hidden[0, 1:], target.lm_head)  # (D, V), or (D, V_d) over a draft vocabulary
 
 
