@@ -51,7 +51,8 @@ bench: $(STAMP)
 #    (committed, so a fresh clone continues generation where the last machine stopped);
 # 2. source: the stdlib's real source in windows (teacher-forced labels, no generation);
 # 3. the training file; 4. token counts for the draft vocabulary; 5. the bf16 feature cache;
-# 6. training, resumed from the last checkpoint; 7. the best held-out checkpoint exported in bf16.
+# 6. training, resumed from the last checkpoint; 7. the best held-out checkpoint exported in bf16;
+# 8. the held-out tau against training tokens seen (benchmarks/tau_curve.py).
 REF ?= runs/reference
 REF_CONFIG ?= configs/reference_smollm2.yaml
 REF_ANSWERS ?= data/reference/answers
@@ -70,6 +71,7 @@ reference: $(STAMP)
 	nice $(BIN)/spec-drafters fit --config $(REF_CONFIG) --data.cache $(REF)/cache \
 		$$(test -f $(REF)/checkpoints/last.ckpt && echo --ckpt_path $(REF)/checkpoints/last.ckpt)
 	$(BIN)/spec-drafters export $(REF)/best/best.ckpt --out $(REF_DRAFTER) --dtype bfloat16
+	cd benchmarks && ../$(BIN)/python tau_curve.py --run ../$(REF) --cache ../$(REF)/cache
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks

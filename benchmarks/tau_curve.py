@@ -1,0 +1,90 @@
+"""Held-out tau against training tokens seen, from a run's validations (the reference run by default).
+
+Reads every ``metrics.csv`` under the run folder (a resumed stage writes a new logger version; a step
+validated twice keeps its last value), and the offline cache's index for the mean tokens per training
+record. A validation logged at step s (0-based) follows s + 1 optimizer steps, so the tokens seen are
+(s + 1) x batch size x that mean (ThroughputMonitor's counts restart with every resumed process, so
+they cannot give it). Prints the table, writes the figure, appends the rows
+to results/tau_curve.jsonl and ends with one JSON line.
+
+    python benchmarks/tau_curve.py [--run runs/reference] [--cache runs/reference/cache] [--batch_size 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+from pathlib import Path
+
+from common import RESULTS, record
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def validations(run: Path) -> dict[int, dict[str, float]]:
+    """step -> the val/* metrics logged at that step, over every metrics.csv of the run."""
+    out: dict[int, dict[str, float]] = {}
+    files = sorted(run.rglob("metrics.csv"), key=lambda p: p.stat().st_mtime)
+    if not files:
+        raise SystemExit(f"tau_curve: no metrics.csv under {run}")
+    for file in files:  # oldest first: a resumed run's re-validation of a step replaces the old value
+        for row in csv.DictReader(file.open()):
+            values = {k: float(v) for k, v in row.items() if k.startswith("val/") and v not in ("", None)}
+            if values and row.get("step"):
+                out.setdefault(int(row["step"]), {}).update(values)
+    return out
+
+
+def tokens_per_record(cache: Path) -> float:
+    index = json.loads((cache / "index.json").read_text())
+    shards = index["shards"]
+    return sum(s["tokens"] for s in shards) / max(1, sum(s["records"] for s in shards))
+
+
+def plot(rows: list[dict], keys: list[str], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for key in keys:
+        ax.plot([r["tokens_seen"] / 1e6 for r in rows], [r[key] for r in rows], marker="o", label=key)
+    ax.set_xlabel("training tokens seen (millions)")
+    ax.set_ylabel("held-out teacher-forced tau")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--run", type=Path, default=ROOT / "runs" / "reference")
+    ap.add_argument("--cache", type=Path, default=ROOT / "runs" / "reference" / "cache")
+    ap.add_argument("--batch_size", type=int, default=8, help="the run's --data.batch_size")
+    ap.add_argument("--out", type=Path, default=RESULTS / "tau_curve.png")
+    args = ap.parse_args()
+    per_record = tokens_per_record(args.cache)
+    steps = validations(args.run)
+    keys = sorted({k for v in steps.values() for k in v if k.startswith("val/tau") and "pooled" not in k})
+    rows = [
+        {"step": s + 1, "tokens_seen": (s + 1) * args.batch_size * per_record, **{k: v.get(k) for k in keys}}
+        for s, v in sorted(steps.items())
+    ]
+    print(f"{'step':>7} {'tokens':>10} " + " ".join(f"{k:>18}" for k in keys))
+    for r in rows:
+        cells = " ".join(f"{r[k]:>18.4f}" if r[k] is not None else f"{'-':>18}" for k in keys)
+        print(f"{r['step']:>7} {r['tokens_seen']:>10.0f} {cells}")
+    plot([r for r in rows if all(r[k] is not None for k in keys)], keys, args.out)
+    print(f"figure: {args.out}")
+    record(
+        "tau_curve", rows, {"run": str(args.run), "tokens_per_record": per_record, "figure": str(args.out)}
+    )
+
+
+if __name__ == "__main__":
+    main()
