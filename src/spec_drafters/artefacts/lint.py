@@ -124,7 +124,10 @@ def _label_source(module) -> list[Finding]:
 
 def _gamma(module) -> list[Finding]:
     loss, k = module.loss_fn, module.drafter.config.block_size
-    gamma = getattr(loss, "gamma", getattr(getattr(loss, "main", None), "gamma", "n/a"))
+    loss = getattr(loss, "main", loss)  # cap wraps the loss whose slots are weighted
+    if getattr(loss, "weights", None) is not None:
+        return []  # other slot weights (D-PACE): gamma is not used
+    gamma = getattr(loss, "gamma", "n/a")
     if gamma is None:
         return [
             finding(
@@ -133,7 +136,7 @@ def _gamma(module) -> list[Finding]:
                 "much as slot 1 (published: gamma 7 for K = 16, 4 for K = 8)",
             )
         ]
-    # K/4..K, as README documents it: the published gammas (K/2 and just under) sit well inside, and
+    # K/4..K, as docs/tools.md documents it: the published gammas (K/2 and just under) sit well inside, and
     # so do the seeds' and the tiny test config's (10 for K = 16 and 32, K for K = 4).
     if gamma != "n/a" and not k / 4 <= gamma <= k:
         return [

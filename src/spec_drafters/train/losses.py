@@ -7,10 +7,15 @@ total under ``"loss"`` and its parts under other keys (logged as ``train/<part>`
 - ``hard_ce``: cross-entropy to hard labels.
 - ``soft_kl``: forward KL(target || drafter) at a temperature.
 - ``ce_kl_blend``: CE + alpha * KL (the seeds' v3 and experiment-ddtree used alpha = 0.15).
+- ``tv``, ``nla``, ``lk_hybrid``: the LK losses (arXiv 2602.23881), which target the acceptance rate
+  alpha = sum_v min(p_v, q_v) itself: 1 - alpha, -log alpha, and a KL/TV blend moving to TV as alpha
+  grows.
+- ``mix``: a weighted sum of per-slot losses (0.1 CE + 0.9 TV), one head pass for all.
 - ``cap``: wraps any loss and adds CAP, an auxiliary confidence head (docs/method.md section 5).
 
-Every per-slot term is weighted by w_k = exp(-(k - 1) / gamma) (or uniformly with gamma null) and
-normalised by the sum of the weights (SpecForge; speculators divides by the count, a constant apart).
+Every per-slot term is weighted by w_k = exp(-(k - 1) / gamma) (or uniformly with gamma null), or by
+another ``slot_weights`` component (D-PACE, train/weights.py), and normalised by the sum of the
+weights (SpecForge; speculators divides by the count, a constant apart).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import torch.utils.checkpoint
 from torch import nn
 
 from spec_drafters.registry import register
+from spec_drafters.train.weights import ExpDecay, SlotWeights
 
 
 @dataclass
@@ -116,15 +122,8 @@ class SlotBatch:
 
 
 def slot_weights(slots: torch.Tensor, gamma: float | None) -> torch.Tensor:
-    """w_k = exp(-(k - 1) / gamma) for slot k >= 1 (DFlash paper; gamma 7 for K=16, 4 for K=8).
-
-    ``gamma=None`` weighs every slot equally. Slot 0, the anchor, is never trained and must not appear.
-    """
-    if bool((slots < 1).any()):
-        raise ValueError("slot 0 (the anchor) is never trained; it must not reach the loss")
-    if gamma is None:
-        return torch.ones_like(slots, dtype=torch.float32)
-    return torch.exp(-(slots.float() - 1.0) / gamma)
+    """w_k = exp(-(k - 1) / gamma) for slot k >= 1, or uniform with ``gamma=None`` (weights.ExpDecay)."""
+    return ExpDecay(gamma)(slots, None, None)
 
 
 def _check_gamma(gamma: float | None) -> float | None:
@@ -170,81 +169,216 @@ def _ce(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float(), labels, reduction="none")  # (C,)
 
 
-@register("loss", "hard_ce")
-class HardCE(DraftLoss):
-    """Cross-entropy to hard labels, weighted per slot.
+class SlotLoss(DraftLoss):
+    """A weighted mean over the supervised slots of a per-slot value.
 
-    Args:
-        gamma: decay of the slot weights exp(-(k-1)/gamma); null for uniform weights.
+    Subclasses give :meth:`row_terms`: per row, the loss value and any parts to log (``parts``). The
+    head is applied once per chunk of rows for all of them, and for the weights' cross-entropy when
+    the weights need it (D-PACE).
     """
 
-    def __init__(self, gamma: float | None = 7.0):
+    parts: tuple[str, ...] = ()
+
+    def __init__(self, gamma: float | None = 7.0, weights: SlotWeights | None = None):
         super().__init__()
         self.gamma = _check_gamma(gamma)
+        self.weights = weights
+        self.weighting = weights if weights is not None else ExpDecay(gamma)
+
+    def row_terms(self, logits: torch.Tensor, labels: torch.Tensor, teacher: torch.Tensor | None):
+        """(C, V) drafter logits, (C,) labels, (C, V) target logits or None -> (C, 1 + len(parts))."""
+        raise NotImplementedError
 
     def forward(self, batch):
         if batch.empty:
             return _zero(batch)
-        ce = batch.per_row(lambda logits, rows: _ce(logits, batch.labels[rows]))  # (M,)
-        return {"loss": batch.mean(ce, slot_weights(batch.slots, self.gamma))}
+        need_ce = self.weighting.needs_ce
+
+        def columns(logits, rows):
+            labels = batch.labels[rows]
+            teacher = batch.teacher(rows) if self.needs_distribution else None
+            cols = self.row_terms(logits, labels, teacher)
+            return torch.cat([cols, _ce(logits, labels)[:, None]], dim=-1) if need_ce else cols
+
+        terms = batch.per_row(columns)  # (M, 1 + parts [+ ce])
+        w = self.weighting(batch.slots, batch.supervised, terms[:, -1].detach() if need_ce else None)
+        out = {"loss": batch.mean(terms[:, 0], w)}
+        for i, name in enumerate(self.parts, start=1):
+            out[name] = batch.mean(terms[:, i], w).detach()
+        return out
+
+
+def _probs(logits: torch.Tensor) -> torch.Tensor:
+    return torch.softmax(logits.float(), dim=-1)
+
+
+def overlap(student_logits: torch.Tensor, teacher_logits: torch.Tensor) -> torch.Tensor:
+    """alpha = sum_v min(p_v, q_v) per row, the acceptance rate of speculative sampling -> (C,)."""
+    return torch.minimum(_probs(student_logits), _probs(teacher_logits)).sum(-1)
+
+
+@register("loss", "hard_ce")
+class HardCE(SlotLoss):
+    """Cross-entropy to hard labels, weighted per slot.
+
+    Args:
+        gamma: decay of the slot weights exp(-(k-1)/gamma); null for uniform weights.
+        weights: other per-slot weights (``slot_weights`` kind, e.g. DPACE); null: the gamma decay.
+    """
+
+    def row_terms(self, logits, labels, teacher):
+        return _ce(logits, labels)[:, None]
 
 
 @register("loss", "soft_kl")
-class SoftKL(DraftLoss):
+class SoftKL(SlotLoss):
     """Forward KL from the target's distribution to the drafter's, weighted per slot.
 
     Args:
         gamma: decay of the slot weights; null for uniform weights.
         temperature: softens both distributions; the loss is scaled by temperature^2.
+        weights: other per-slot weights; null: the gamma decay.
     """
 
     needs_distribution = True
 
-    def __init__(self, gamma: float | None = 7.0, temperature: float = 1.0):
-        super().__init__()
-        self.gamma = _check_gamma(gamma)
+    def __init__(
+        self, gamma: float | None = 7.0, temperature: float = 1.0, weights: SlotWeights | None = None
+    ):
+        super().__init__(gamma, weights)
         self.temperature = _check_positive(temperature, "temperature")
 
-    def forward(self, batch):
-        if batch.empty:
-            return _zero(batch)
-        t = self.temperature
-        kl = batch.per_row(lambda logits, rows: forward_kl(logits, batch.teacher(rows), t))  # (M,)
-        return {"loss": batch.mean(kl, slot_weights(batch.slots, self.gamma))}
+    def row_terms(self, logits, labels, teacher):
+        return forward_kl(logits, teacher, self.temperature)[:, None]
 
 
 @register("loss", "ce_kl_blend")
-class CEKLBlend(DraftLoss):
+class CEKLBlend(SlotLoss):
     """CE to the hard labels + alpha * KL to the target distribution, both weighted per slot.
 
     Args:
         gamma: decay of the slot weights; null for uniform weights.
         alpha: weight of the KL term (the seeds used 0.15).
         temperature: temperature of the KL term.
+        weights: other per-slot weights; null: the gamma decay.
     """
 
     needs_distribution = True
+    parts = ("ce", "kl")
 
-    def __init__(self, gamma: float | None = 7.0, alpha: float = 0.15, temperature: float = 1.0):
-        super().__init__()
-        self.gamma = _check_gamma(gamma)
+    def __init__(
+        self,
+        gamma: float | None = 7.0,
+        alpha: float = 0.15,
+        temperature: float = 1.0,
+        weights: SlotWeights | None = None,
+    ):
+        super().__init__(gamma, weights)
         if not (alpha >= 0 and math.isfinite(alpha)):
             raise ValueError(f"alpha must be >= 0, got {alpha}")
         self.alpha = alpha
         self.temperature = _check_positive(temperature, "temperature")
 
-    def forward(self, batch):
-        if batch.empty:
-            return _zero(batch)
-        w, t = slot_weights(batch.slots, self.gamma), self.temperature
+    def row_terms(self, logits, labels, teacher):
+        ce, kl = _ce(logits, labels), forward_kl(logits, teacher, self.temperature)
+        return torch.stack([ce + self.alpha * kl, ce, kl], dim=-1)
 
-        def both(logits, rows):  # one head application per chunk for both terms
-            ce = _ce(logits, batch.labels[rows])
-            return torch.stack([ce, forward_kl(logits, batch.teacher(rows), t)], dim=-1)  # (C, 2)
 
-        terms = batch.per_row(both)  # (M, 2)
-        ce, kl = batch.mean(terms[:, 0], w), batch.mean(terms[:, 1], w)
-        return {"loss": ce + self.alpha * kl, "ce": ce.detach(), "kl": kl.detach()}
+@register("loss", "tv")
+class TotalVariation(SlotLoss):
+    """Total variation to the target distribution, 1 - alpha with alpha = sum_v min(p_v, q_v) the
+    acceptance rate (LK losses, arXiv 2602.23881): the acceptance itself, whose gradient is weak while
+    the overlap is small.
+
+    Args:
+        gamma: decay of the slot weights; null for uniform weights.
+        weights: other per-slot weights; null: the gamma decay.
+    """
+
+    needs_distribution = True
+
+    def row_terms(self, logits, labels, teacher):
+        return (1 - overlap(logits, teacher))[:, None]
+
+
+@register("loss", "nla")
+class NegativeLogAcceptance(SlotLoss):
+    """-log(alpha) (LK losses, arXiv 2602.23881): TV's optimum with a 1/alpha larger gradient, so it
+    also trains from a cold start.
+
+    Args:
+        gamma: decay of the slot weights; null for uniform weights.
+        weights: other per-slot weights; null: the gamma decay.
+    """
+
+    needs_distribution = True
+
+    def row_terms(self, logits, labels, teacher):
+        return -torch.log(overlap(logits, teacher).clamp(min=1e-12))[:, None]
+
+
+@register("loss", "lk_hybrid")
+class LKHybrid(SlotLoss):
+    """lambda * KL(p || q) + (1 - lambda) * TV with lambda = exp(-3 alpha), detached (LK losses, arXiv
+    2602.23881): KL while the overlap is small, the acceptance itself once it grows.
+
+    Args:
+        gamma: decay of the slot weights; null for uniform weights.
+        weights: other per-slot weights; null: the gamma decay.
+    """
+
+    needs_distribution = True
+    parts = ("kl", "tv", "lambda")
+
+    def row_terms(self, logits, labels, teacher):
+        alpha = overlap(logits, teacher)
+        lam = torch.exp(-3 * alpha.detach())
+        kl, tv = forward_kl(logits, teacher, 1.0), 1 - alpha
+        return torch.stack([lam * kl + (1 - lam) * tv, kl, tv, lam], dim=-1)
+
+
+@register("loss", "mix")
+class LossMix(SlotLoss):
+    """A weighted sum of per-slot losses, e.g. 0.1 CE + 0.9 TV, from one head pass per chunk; each
+    term is logged before its coefficient as ``<its registry name>`` (or ``<name>_<i>`` when repeated).
+
+    The mix's own slot weights apply to every term (the terms' gamma and weights are not used).
+
+    Args:
+        losses: the terms (any per-slot ``loss`` component: hard_ce, soft_kl, tv, nla, lk_hybrid, ...).
+        coefficients: one per term, used as given (not normalised).
+        gamma: decay of the slot weights; null for uniform weights.
+        weights: other per-slot weights; null: the gamma decay.
+    """
+
+    def __init__(
+        self,
+        losses: list[DraftLoss],
+        coefficients: list[float],
+        gamma: float | None = 7.0,
+        weights: SlotWeights | None = None,
+    ):
+        super().__init__(gamma, weights)
+        if not losses or len(losses) != len(coefficients):
+            raise ValueError(
+                f"losses and coefficients must pair up, got {len(losses)} and {len(coefficients)}"
+            )
+        bad = [type(x).__name__ for x in losses if not isinstance(x, SlotLoss) or isinstance(x, LossMix)]
+        if bad:
+            raise ValueError(f"losses must be per-slot losses (not cap or mix), got {', '.join(bad)}")
+        self.losses = nn.ModuleList(losses)
+        self.coefficients = list(coefficients)
+        names = [getattr(x, "registry_name", type(x).__name__.lower()) for x in losses]
+        self.parts = tuple(n if names.count(n) == 1 else f"{n}_{i}" for i, n in enumerate(names))
+
+    @property
+    def needs_distribution(self) -> bool:  # type: ignore[override]
+        return any(x.needs_distribution for x in self.losses)
+
+    def row_terms(self, logits, labels, teacher):
+        each = [x.row_terms(logits, labels, teacher)[:, 0] for x in self.losses]  # (C,) per term
+        total = sum(c * v for c, v in zip(self.coefficients, each, strict=True))
+        return torch.stack([total, *each], dim=-1)
 
 
 def accepted_indicator(hit: torch.Tensor, supervised: torch.Tensor):
