@@ -42,6 +42,9 @@ COMMANDS: dict[str, Command] = {
     "generate": Command(
         "generate:generate", "decode prompts with the drafter and a verifier: tau, speed, lossless"
     ),
+    "cost-model": Command(
+        "cost:cost_model", "time a round's parts on this machine for the adaptive tree verifier's budget"
+    ),
     "cache": Command(
         "data_commands:cache_cmd", "run the target once over the training data into an offline feature cache"
     ),

@@ -123,3 +123,56 @@ class DDTree(Verifier):
 
     def propose(self, draft_logits):
         return self.tree(draft_logits)
+
+
+@register("verifier", "adaptive_ddtree")
+class AdaptiveDDTree(DDTree):
+    """DDTree with a budget chosen every round: the B that maximises expected committed tokens per unit
+    of round cost, from the drafter's own probabilities and the machine's measured costs.
+
+    The best-first tree of ``max_budget`` nodes lists its nodes by decreasing prefix probability, and
+    a prefix of that order is itself the best tree of its size. Scoring a prefix by the product of its
+    tokens' probabilities (the drafter's marginals, calibrated or not), a tree of B nodes is expected to
+    commit 1 + (the sum of their prefix probabilities) tokens; the round costs ``cost.round(B + 1)``
+    greedy steps. Verification is DDTree's, so decoding stays lossless whatever B is chosen.
+
+    Args:
+        cost_model: a JSON file written by ``spec-drafters cost-model`` on this machine and target.
+        max_budget: the largest tree considered.
+    """
+
+    def __init__(self, cost_model: str, max_budget: int = 64):
+        super().__init__(max_budget)
+        self.cost_model = cost_model
+        self.max_budget = max_budget
+        self._cost = None  # read on first use
+
+    @property
+    def cost(self):
+        if self._cost is None:
+            from spec_drafters.decode.cost import RoundCost
+
+            self._cost = RoundCost.load(self.cost_model)
+        return self._cost
+
+    def choose(self, tree: DraftTree) -> int:
+        """The budget (1..len(tree)) that maximises expected committed tokens per round cost."""
+        gains = torch.tensor(tree.scores, dtype=torch.float64).exp().cumsum(0) + 1  # B = 1..n
+        costs = torch.tensor(
+            [self.cost.round(b + 1) for b in range(1, len(tree.tokens) + 1)], dtype=torch.float64
+        )
+        return int((gains / costs).argmax()) + 1
+
+    def propose(self, draft_logits):
+        tree = self.tree(draft_logits)
+        if not tree.tokens:
+            return tree
+        b = self.choose(tree)
+        return DraftTree(tree.tokens[:b], tree.parents[:b], tree.depths[:b], tree.scores[:b])
+
+    def offline_accepted(self, draft_logits, labels, valid):
+        out = []
+        for logits, lab, ok in zip(draft_logits, labels, valid, strict=True):
+            known = int(ok.long().cumprod(0).sum())
+            out.append(walk_tree(self.propose(logits[:known]), lab[:known].tolist()) if known else 0)
+        return torch.tensor(out, device=labels.device)

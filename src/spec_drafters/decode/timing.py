@@ -1,0 +1,75 @@
+"""Measuring a round's parts on this machine (``spec-drafters cost-model``) into a RoundCost."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+from spec_drafters.decode import generate
+from spec_drafters.decode.cost import RoundCost
+from spec_drafters.decode.verifiers import DDTree
+from spec_drafters.model.drafter import ContextCache
+from spec_drafters.target.frozen import crop_cache
+
+
+def _median_seconds(fn, repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]
+
+
+@torch.no_grad()
+def measure(target, drafter, fc_ids: list[int], context: list[int], tokens: list[int], repeats: int = 5):
+    """Times a greedy step, the verify forward over each tree size in ``tokens`` (a DDTree over an
+    untrained drafter's pass, the mask and positions decoding uses) and one drafter pass, after
+    ``context`` tokens; returns a :class:`RoundCost`."""
+    device = target.embed_tokens.weight.device
+    cache, c = generate.new_cache(target), len(context)
+    out = target(
+        torch.tensor([context], device=device),
+        position_ids=generate._positions(0, c, device),
+        cache=cache,
+        use_cache=True,
+    )
+    kv = ContextCache(drafter)
+    kv.append(generate._features(out, fc_ids, list(range(c))))
+    bonus = int(target.head(out.hidden[:, -1]).argmax(-1))
+    k = drafter.config.block_size
+
+    def step():
+        generate.greedy_step(target, cache, bonus, c)
+        crop_cache(cache, c)
+
+    def draft():
+        return generate._draft_logits(target, drafter, kv, bonus, c, k - 1)
+
+    logits = draft()
+    greedy = _median_seconds(step, repeats)
+    verify = []
+    for t in tokens:
+        tree = DDTree(max(1, t - 1)).propose(logits) if t > 1 else None
+        parents = [-1] if tree is None else [-1, *(p + 1 for p in tree.parents)]
+        ids = [bonus] if tree is None else [bonus, *tree.tokens]
+        depths = [0] if tree is None else [0, *tree.depths]
+        mask = generate.tree_attention_mask(c, parents, target.embed_tokens.weight.dtype, device)
+        pos = torch.tensor([depths], device=device) + c
+
+        def fwd(ids=ids, pos=pos, mask=mask):
+            o = target(
+                torch.tensor([ids], device=device),
+                position_ids=pos,
+                attention_mask=mask,
+                cache=cache,
+                use_cache=True,
+            )
+            target.head(o.hidden).argmax(-1)
+            crop_cache(cache, c)
+
+        verify.append(_median_seconds(fwd, repeats) / greedy)
+    machine = {"threads": torch.get_num_threads(), "torch": torch.__version__, "context": c}
+    return RoundCost(list(tokens), verify, _median_seconds(draft, repeats) / greedy, machine)
