@@ -29,6 +29,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
 
+from spec_drafters.model.tree import build_tree
 from spec_drafters.registry import register
 from spec_drafters.train.weights import ExpDecay, SlotWeights
 
@@ -453,3 +454,71 @@ class CAP(DraftLoss):
         bce = batch.mean(bce, torch.ones_like(bce)) if rows.any() else logit.sum() * 0.0
         main = out.pop("loss")
         return {"loss": main + self.weight * bce, **out, "main": main.detach(), "cap_bce": bce.detach()}
+
+
+def prefix_threshold(top_logprobs: torch.Tensor, budget: int) -> float:
+    """The score of the B-th best prefix of a block: (D, R) per-depth top log-probabilities, sorted
+    descending -> the smallest prefix score in the best-first tree of ``budget`` nodes (decode's
+    DDTree builds exactly that tree)."""
+    tokens = torch.zeros_like(top_logprobs, dtype=torch.long)  # the tree's shape needs no tokens
+    return min(build_tree(top_logprobs, tokens, budget).scores)
+
+
+@register("loss", "tree_coverage")
+class TreeCoverage(DraftLoss):
+    """A loss whose optimum maximises the acceptance of a DDTree of budget B rather than of a chain
+    (docs/method.md section 7).
+
+    Teacher-forced, a DDTree of B nodes holds the label prefix y_1..y_d exactly when its score
+    s_d = sum over i <= d of log q_i(y_i) is among the B best prefix scores: s_d >= tau_B, the B-th
+    best. s_d falls with d, so the accepted depth is the count of depths with s_d >= tau_B. The loss
+    replaces that count by a smooth one, -sum_d log sigmoid((s_d - tau_B) / temperature), with tau_B
+    from the drafter's own distribution, detached; plus ``ce_weight`` x CE, which keeps every slot
+    learning while the threshold moves.
+
+    Args:
+        budget: B, the DDTree budget to train for.
+        temperature: the smoothing of the count (its limit at 0 is the accepted depth itself).
+        ce_weight: weight of a plain CE term on every supervised slot.
+    """
+
+    def __init__(self, budget: int = 32, temperature: float = 1.0, ce_weight: float = 0.1):
+        super().__init__()
+        if budget < 1:
+            raise ValueError(f"budget must be >= 1, got {budget}")
+        self.budget = budget
+        self.temperature = _check_positive(temperature, "temperature")
+        if not (ce_weight >= 0 and math.isfinite(ce_weight)):
+            raise ValueError(f"ce_weight must be >= 0, got {ce_weight}")
+        self.ce_weight = ce_weight
+
+    def forward(self, batch):
+        if batch.empty:
+            return _zero(batch)
+
+        def columns(logits, rows):  # per row: log q(label), then the top-R log-probabilities (detached)
+            lp = torch.log_softmax(logits.float(), dim=-1)
+            top = lp.detach().topk(min(self.budget, lp.shape[-1]), dim=-1).values
+            return torch.cat([lp.gather(-1, batch.labels[rows, None]), top], dim=-1)
+
+        cols = batch.per_row(columns)  # (M, 1 + R)
+        sup = batch.supervised  # (b, N, K)
+        label_lp = torch.zeros(sup.shape, dtype=cols.dtype, device=cols.device)
+        label_lp[sup] = cols[:, 0]
+        top = torch.zeros((*sup.shape, cols.shape[1] - 1), dtype=cols.dtype, device=cols.device)
+        top[sup] = cols[:, 1:].detach()
+        _, known = accepted_indicator(torch.ones_like(sup), sup)  # slots 1..d all supervised
+        depth = known.sum(-1)  # (b, N) label prefix length of each block
+        scores = label_lp.cumsum(-1)  # s_d at slot d (slot 0 contributes 0)
+        tau = torch.zeros(depth.shape, dtype=cols.dtype, device=cols.device)
+        for b, n in depth.nonzero().tolist():
+            d = int(depth[b, n])
+            tau[b, n] = prefix_threshold(top[b, n, 1 : d + 1].cpu(), self.budget)
+        margin = (scores - tau[..., None]) / self.temperature  # (b, N, K)
+        cover = -F.logsigmoid(margin[known])  # the smooth count's terms, known slots only
+        ones = torch.ones_like(cover)
+        coverage = batch.mean(cover, ones)
+        ce = batch.mean(-cols[:, 0], torch.ones_like(cols[:, 0]))
+        tree_depth = ((margin >= 0) & known).sum(-1)[depth > 0].float().mean()
+        loss = coverage + self.ce_weight * ce
+        return {"loss": loss, "coverage": coverage.detach(), "ce": ce.detach(), "tree_depth": tree_depth}
