@@ -64,6 +64,7 @@ REQUIRED = {
     "ExplicitTaps": {"layer_ids": [1, 3]},
     "CustomInjection": {"taps": [1, 3], "fc": [3]},
     "CAP": {"main": {"class_path": "HardCE"}},
+    "DSparkConfidence": {"main": {"class_path": "HardCE"}},
     "AdaptiveDDTree": {"cost_model": "/nonexistent/cost.json"},
     "LossMix": {
         "losses": [{"class_path": "HardCE"}, {"class_path": "TotalVariation"}],

@@ -139,3 +139,20 @@ def test_a_mix_with_dpace_trains_from_the_command_line(tmp_path):
 
     metrics = json.loads((tmp_path / "fit.json").read_text())["metrics"]
     assert math.isfinite(metrics["train/loss"]) and "train/tv" in metrics and "train/hard_ce" in metrics
+
+
+def test_dspark_confidence_target_is_the_acceptance_probability():
+    from spec_drafters.train.losses import DSparkConfidence
+
+    slots, sup = torch.tensor([1]), torch.tensor([[[False, True]]])
+    loss = DSparkConfidence(HardCE(gamma=None), weight=1.0)
+    loss.bind(3)
+    batch = _batch(Q.log()[None], torch.tensor([0]), slots, sup, teacher=P.log()[None])
+    out = loss(batch)  # the head starts at p = 0.5: BCE to c* = 0.7 is ln 2 whatever c* is
+    assert out["confidence_bce"].item() == pytest.approx(math.log(2), rel=1e-6)
+    with torch.no_grad():
+        loss.head.bias.fill_(math.log(0.7 / 0.3))  # predicts exactly c* = sum_v min(p, q) = 0.7
+    entropy = -(0.7 * math.log(0.7) + 0.3 * math.log(0.3))
+    out = loss(_batch(Q.log()[None], torch.tensor([0]), slots, sup, teacher=P.log()[None]))
+    assert out["confidence_bce"].item() == pytest.approx(entropy, rel=1e-5)  # the minimum: c* itself
+    assert loss.needs_distribution

@@ -42,6 +42,9 @@ COMMANDS: dict[str, Command] = {
     "generate": Command(
         "generate:generate", "decode prompts with the drafter and a verifier: tau, speed, lossless"
     ),
+    "calibrate": Command(
+        "calibrate:calibrate", "fit per-slot temperatures on held-out blocks for DDTree's ranking; prefix ECE"
+    ),
     "cost-model": Command(
         "cost:cost_model", "time a round's parts on this machine for the adaptive tree verifier's budget"
     ),

@@ -56,17 +56,40 @@ class DDTree(Verifier):
 
     Args:
         budget: B, the number of tree nodes besides the root (the bonus token).
+        calibration: a drafter folder or calibration.json with slot temperatures
+            (``spec-drafters calibrate``); prefixes are then ranked with calibrated probabilities.
     """
 
-    def __init__(self, budget: int = 256):
+    def __init__(self, budget: int = 256, calibration: str | None = None):
         if budget < 1:
             raise ValueError(f"budget must be >= 1, got {budget}")
         self.budget = budget
+        self.calibration = calibration
+        self._temperatures = None  # read on first use
+
+    def temperatures(self, depth: int) -> torch.Tensor | None:
+        """The first ``depth`` slot temperatures (decode/calibration.py), or None without a calibration."""
+        if self.calibration is None:
+            return None
+        if self._temperatures is None:
+            from spec_drafters.decode.calibration import load
+
+            self._temperatures = torch.tensor(load(self.calibration))
+        if depth > len(self._temperatures):
+            raise ValueError(
+                f"{self.calibration}: {len(self._temperatures)} slot temperatures for {depth} slots"
+            )
+        return self._temperatures[:depth]
 
     def tree(self, draft_logits: torch.Tensor) -> DraftTree:
-        """One block's tree from its drafter logits (K-1, V)."""
-        ranks = min(self.budget, draft_logits.shape[-1])
-        top = torch.log_softmax(draft_logits.float(), dim=-1).topk(ranks, dim=-1)  # (K-1, R)
+        """One block's tree from its drafter logits (K-1, V), ranked with calibrated probabilities when
+        a calibration is given."""
+        logits = draft_logits.float()
+        temps = self.temperatures(logits.shape[0])
+        if temps is not None:
+            logits = logits / temps.to(logits.device)[:, None]
+        ranks = min(self.budget, logits.shape[-1])
+        top = torch.log_softmax(logits, dim=-1).topk(ranks, dim=-1)  # (K-1, R)
         return build_tree(top.values.cpu(), top.indices.cpu(), self.budget)
 
     def offline_accepted(self, draft_logits, labels, valid):
@@ -94,10 +117,11 @@ class AdaptiveDDTree(DDTree):
     Args:
         cost_model: a JSON file written by ``spec-drafters cost-model`` on this machine and target.
         max_budget: the largest tree considered.
+        calibration: slot temperatures (``spec-drafters calibrate``) for the ranking and the budget.
     """
 
-    def __init__(self, cost_model: str, max_budget: int = 64):
-        super().__init__(max_budget)
+    def __init__(self, cost_model: str, max_budget: int = 64, calibration: str | None = None):
+        super().__init__(max_budget, calibration)
         self.cost_model = cost_model
         self.max_budget = max_budget
         self._cost = None  # read on first use

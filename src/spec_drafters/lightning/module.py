@@ -214,24 +214,32 @@ class DFlashModule(pl.LightningModule):
 
     # --- validation (teacher-forced) --------------------------------------------------------------
     def validation_step(self, batch, batch_idx):
-        seed = self._step_seed(10**9 + batch_idx)
-        rows = self._rows(batch)
-        inp = self.steps(batch, self.val_sampler, self.val_target_source, seed, rows, noisy=False)
-        hidden = self.steps.draft_hidden(inp)
-        b, _, k, _ = hidden.shape
-        sb = self._slot_batch(hidden, inp)
-        parts = self.loss_fn(sb)
-        # Full blocks only: every valid anchor has all K-1 slots labelled, so reshape per block. Labels
-        # outside a draft vocabulary (-1) are scored as misses: the drafter cannot propose them.
-        ok = inp.scored
-        same = torch.equal(ok, inp.supervised)
-        logits = sb.logits if same else self.steps.draft_logits(hidden[ok])  # (M, V)
-        per_block = logits.view(-1, k - 1, logits.shape[-1])  # (A, K-1, V), the valid anchors in order
-        self.offline.update(per_block, inp.labels[ok].view(-1, k - 1), inp.anchor_ok)
+        parts, per_block, labels, anchor_ok = self.held_out_blocks(batch, batch_idx)
+        self.offline.update(per_block, labels, anchor_ok)
+        b = batch["input_ids"].shape[0]
         self.log("val/loss", parts["loss"], prog_bar=True, batch_size=b)
         for key, value in parts.items():
             if key != "loss":
                 self.log(f"val/{key}", value, batch_size=b)
+
+    def held_out_blocks(self, batch, batch_idx: int):
+        """Validation's blocks of a batch: (loss parts, drafter logits (A, K-1, V) of the A valid
+        anchors, their labels (A, K-1), anchor_ok (b, N)). Full blocks only; labels outside a draft
+        vocabulary (-1) count as misses: the drafter cannot propose them."""
+        seed = self._step_seed(10**9 + batch_idx)
+        inp = self.steps(
+            batch, self.val_sampler, self.val_target_source, seed, self._rows(batch), noisy=False
+        )
+        hidden = self.steps.draft_hidden(inp)
+        k = hidden.shape[2]
+        sb = self._slot_batch(hidden, inp)
+        parts = self.loss_fn(sb)
+        ok = inp.scored
+        logits = (
+            sb.logits if torch.equal(ok, inp.supervised) else self.steps.draft_logits(hidden[ok])
+        )  # (M, V)
+        per_block = logits.view(-1, k - 1, logits.shape[-1])  # the valid anchors in order
+        return parts, per_block, inp.labels[ok].view(-1, k - 1), inp.anchor_ok
 
     def on_validation_epoch_end(self) -> None:
         metrics, curves, self.calibration = self.offline.compute()

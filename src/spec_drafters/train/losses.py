@@ -12,6 +12,8 @@ total under ``"loss"`` and its parts under other keys (logged as ``train/<part>`
   grows.
 - ``mix``: a weighted sum of per-slot losses (0.1 CE + 0.9 TV), one head pass for all.
 - ``cap``: wraps any loss and adds CAP, an auxiliary confidence head (docs/method.md section 5).
+- ``dspark_confidence``: the same head trained on DSpark's soft target, each slot's acceptance
+  probability sum_v min(p_d, p_t).
 
 Every per-slot term is weighted by w_k = exp(-(k - 1) / gamma) (or uniformly with gamma null), or by
 another ``slot_weights`` component (D-PACE, train/weights.py), and normalised by the sum of the
@@ -522,3 +524,39 @@ class TreeCoverage(DraftLoss):
         tree_depth = ((margin >= 0) & known).sum(-1)[depth > 0].float().mean()
         loss = coverage + self.ce_weight * ce
         return {"loss": loss, "coverage": coverage.detach(), "ce": ce.detach(), "tree_depth": tree_depth}
+
+
+@register("loss", "dspark_confidence")
+class DSparkConfidence(CAP):
+    """A main loss plus a confidence head trained to predict each slot's acceptance in DSpark's form
+    (arXiv 2607.05147): BCE to c* = 1 - 0.5 ||p_d - p_t||_1 = sum_v min(p_d, p_t), the probability
+    that speculative sampling accepts the slot's draft, per supervised slot. The target distribution
+    is the teacher's (a soft target source is needed); c* is computed without gradient.
+
+    Args:
+        main: the loss this one wraps (any ``loss`` component).
+        weight: multiplier of the confidence BCE.
+        detach_hidden: train the head on a detached hidden state, so the BCE never shapes the drafter.
+    """
+
+    needs_distribution = True
+
+    def forward(self, batch):
+        if self.head is None:
+            raise RuntimeError("dspark_confidence: bind(hidden_size) was not called")
+        out = self.main(batch)
+        if batch.empty:
+            return {**out, "loss": out["loss"] + self.head.weight.sum() * 0.0}
+        with torch.no_grad():
+            target = batch.per_row(lambda logits, rows: overlap(logits, batch.teacher(rows)))  # (M,)
+        hidden = batch.hidden.detach() if self.detach_hidden else batch.hidden
+        logit = self.head(hidden).squeeze(-1).float()  # (M,)
+        bce = F.binary_cross_entropy_with_logits(logit, target.float(), reduction="none")
+        bce = batch.mean(bce, torch.ones_like(bce))
+        main = out.pop("loss")
+        return {
+            "loss": main + self.weight * bce,
+            **out,
+            "main": main.detach(),
+            "confidence_bce": bce.detach(),
+        }

@@ -1,0 +1,84 @@
+"""Post-hoc calibration of the drafter's slot probabilities for tree ranking (DSpark's idea, arXiv
+2607.05147; docs/verifiers.md).
+
+DDTree ranks a prefix by the product of its tokens' drafter probabilities (docs/method.md section 4).
+That product should be the chance the prefix is right. One temperature per slot, T_d, divides slot d's
+logits; they are fitted on held-out blocks one slot at a time: with T_1..T_{d-1} fixed, T_d minimises
+the binary log-loss of the event "the drafter's top tokens of slots 1..d are all the labels" against
+its predicted probability prod over i <= d of softmax(z_i / T_i)[top_i]. Fitted sequentially, the
+product (not only each factor) is calibrated. Stored as calibration.json in the drafter's folder.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from spec_drafters.errors import read_json
+
+#: Temperatures tried per slot: 0.25 .. 4, geometric.
+GRID = torch.logspace(-2, 2, 41, base=2.0).tolist()
+
+
+def prefix_events(logits: torch.Tensor, labels: torch.Tensor, temperatures: list[float] | None = None):
+    """(A, D, V) logits, (A, D) labels -> (predicted (A, D), happened (A, D)): for each depth d, the
+    probability the top-1 prefix through d is right, and whether it was."""
+    d = logits.shape[1]
+    temps = torch.tensor(temperatures if temperatures is not None else [1.0] * d, dtype=torch.float32)
+    probs = torch.softmax(logits.float() / temps[None, :, None], dim=-1)  # (A, D, V)
+    top_p, top = probs.max(-1)  # (A, D)
+    return top_p.cumprod(-1), (top == labels).long().cumprod(-1).bool()
+
+
+def _log_loss(p: torch.Tensor, y: torch.Tensor) -> float:
+    p = p.clamp(1e-7, 1 - 1e-7)
+    return float(-(y * p.log() + (~y) * (1 - p).log()).mean())
+
+
+def fit_temperatures(logits: torch.Tensor, labels: torch.Tensor, grid: list[float] = GRID) -> list[float]:
+    """One temperature per slot, fitted sequentially (module docstring)."""
+    temps: list[float] = []
+    for d in range(logits.shape[1]):
+        best = min(
+            grid,
+            key=lambda t: _log_loss(
+                *[x[:, d] for x in prefix_events(logits[:, : d + 1], labels[:, : d + 1], [*temps, t])]
+            ),
+        )
+        temps.append(best)
+    return temps
+
+
+def prefix_ece(
+    logits: torch.Tensor, labels: torch.Tensor, temperatures: list[float] | None = None, bins: int = 10
+):
+    """Expected calibration error of the prefix events over all depths: |mean predicted - frequency| per
+    equal-width bin of the prediction, weighted by the bin's share."""
+    p, y = (x.flatten() for x in prefix_events(logits, labels, temperatures))
+    which = (p * bins).long().clamp(max=bins - 1)
+    ece = 0.0
+    for b in range(bins):
+        sel = which == b
+        if sel.any():
+            ece += float(sel.float().mean()) * abs(float(p[sel].mean()) - float(y[sel].float().mean()))
+    return ece
+
+
+def save(path: str | Path, temperatures: list[float], report: dict) -> None:
+    Path(path).write_text(json.dumps({"slot_temperatures": temperatures, **report}, indent=1) + "\n")
+
+
+def load(path: str | Path) -> list[float]:
+    """The slot temperatures of a calibration.json (a drafter folder's, or the file itself)."""
+    path = Path(path)
+    data = read_json(path / "calibration.json" if path.is_dir() else path)
+    temps = data.get("slot_temperatures") if isinstance(data, dict) else None
+    if (
+        not isinstance(temps, list)
+        or not temps
+        or not all(isinstance(t, (int, float)) and t > 0 for t in temps)
+    ):
+        raise ValueError(f"{path}: slot_temperatures must be a list of positive numbers")
+    return [float(t) for t in temps]
