@@ -3,6 +3,7 @@ callbacks and loggers. The seeds' Qwen3.6-27B configs build the target from its 
 device (no weights); GPU trainer presets are instantiated as objects, not run (no GPU here)."""
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -211,7 +212,9 @@ def test_every_shipped_config_taps_the_layers_its_comments_name(seeds, twins, tm
     models["quickstart.yaml"] = instantiate("fit", "--config", str(CONFIGS / "quickstart.yaml")).model
     models["reference_smollm2.yaml"] = reference(tmp_path).model
     shipped = {
-        p.relative_to(CONFIGS).as_posix() for p in CONFIGS.rglob("*.yaml") if p.parent.name != "presets"
+        p.relative_to(CONFIGS).as_posix()
+        for p in CONFIGS.rglob("*.yaml")
+        if p.parent.name not in ("presets", "ablation")  # ablation/: test_ablation_recipes
     }
     assert shipped == INTENDED_TAPS.keys() | OVERLAYS
     for name, (fc, taps) in INTENDED_TAPS.items():
@@ -230,6 +233,7 @@ def test_every_yaml_is_covered():
     covered |= {"presets/cpu_twin.yaml", "verify_humaneval.yaml", "presets/train_multinode_fsdp2.yaml"}
     covered |= {"presets/fsdp2_cpu.yaml"}  # run by tests/test_fsdp2.py
     covered |= {"reference_smollm2.yaml", "bench_humaneval.yaml"}
+    covered |= {f"ablation/{p.name}" for p in (CONFIGS / "ablation").glob("*.yaml")}  # test_ablation_recipes
     assert shipped == covered, shipped ^ covered
 
 
@@ -239,3 +243,42 @@ def test_meta_target_cannot_be_trained_by_accident():
             "fit", "--config", str(CONFIGS / "dflash_v6.yaml"), "--model.target.init_args.meta=true"
         )
     assert all(p.is_meta for p in cli.model.target.parameters())
+
+
+ABLATION_TAPS = {
+    "v3": (TWIN_TAPS, TWIN_TAPS),
+    "v5": (TWIN_TAPS[:-1], TWIN_TAPS),
+    "v6": (TWIN_TAPS, TWIN_TAPS),
+}
+
+
+def test_ablation_recipes():
+    """Every recipe of benchmarks/ablation.py parses over the shared base and names what it says;
+    the seeds' three are built: v3 and v5 read layer 27 of 30 ("61 of 64"), v5 keeps it out of fc."""
+    import yaml
+
+    from spec_drafters.cli.main import SpecDraftersCLI
+
+    class ParseOnly(SpecDraftersCLI):
+        def instantiate_classes(self) -> None:
+            pass
+
+        def _run_subcommand(self, subcommand: str) -> None:
+            pass
+
+    base = str(CONFIGS / "ablation" / "base.yaml")
+    sys.path.insert(0, str(CONFIGS.parent / "benchmarks"))
+    from ablation import RECIPES
+
+    assert {p.stem for p in (CONFIGS / "ablation").glob("*.yaml")} == {"base", *RECIPES}
+    for recipe in RECIPES:
+        overlay = str(CONFIGS / "ablation" / f"{recipe}.yaml")
+        cli = ParseOnly(DFlashModule, TextDataModule, args=["fit", "--config", base, "--config", overlay])
+        wanted = yaml.safe_load(Path(overlay).read_text())["model"]["loss"]["class_path"]
+        assert cli.config.fit.model.loss.class_path.endswith(wanted), recipe
+        assert cli.config.fit.model.drafter.num_layers == 2 and cli.config.fit.trainer.max_steps == 400
+    for recipe, (fc, taps) in ABLATION_TAPS.items():
+        model = instantiate(
+            "fit", "--config", base, "--config", str(CONFIGS / "ablation" / f"{recipe}.yaml")
+        ).model
+        assert (model.fc_ids, model.target.tap_ids) == (fc, taps), recipe

@@ -1,0 +1,152 @@
+"""Which recipe wins at equal compute: the seeds' v3, v5, v6 and experiment-ddtree, speculators' 2026
+defaults, DSpark's, the LK losses and the tree-aware objective, two seeds each.
+
+Every recipe (configs/ablation/<recipe>.yaml over configs/ablation/base.yaml) trains the same drafter
+for the same steps on the same records (the reference corpus, ``make reference`` stage 3) from an
+offline feature cache, and is validated on the same held-out stdlib answers: chain tau (val/tau),
+DDTree tau at B = 32 (val/tau_ddtree_b32) and the calibration ECE. Recipes that tap the same layers
+and read the same labels share one cache (built with the label hidden state, so soft losses can use
+it too). Every stage is resumable: run again, it continues (outputs under --out). The table gives
+each recipe's mean over seeds and its spread (max - min), so a difference can be told from noise.
+
+    python benchmarks/ablation.py [--steps 400] [--seeds 0 1] [--only v6 tree_coverage] [--out runs/ablation]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from common import record
+
+ROOT = Path(__file__).resolve().parent.parent
+CONFIGS = ROOT / "configs" / "ablation"
+RECIPES = ["v3", "v5", "v6", "experiment_ddtree", "speculators_2026", "dspark", "lk_mix", "lk_hybrid"]
+RECIPES += ["tree_coverage"]
+METRICS = ("val/tau", "val/tau_ddtree_b32", "val/calibration_ece", "val/acc_slot1")
+
+
+def spec_drafters(*args: str) -> None:
+    subprocess.run([sys.executable, "-m", "spec_drafters.cli.main", *args], check=True, cwd=ROOT)
+
+
+def cache_key(recipe: str) -> str:
+    """Recipes with the same taps and label source share a cache."""
+    model = yaml.safe_load((CONFIGS / f"{recipe}.yaml").read_text())["model"]
+    chosen = {k: model.get(k) for k in ("injection", "target_source")}
+    return hashlib.sha1(json.dumps(chosen, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def configs(recipe: str, base: Path) -> list[str]:
+    return ["--config", str(base), "--config", str(CONFIGS / f"{recipe}.yaml")]
+
+
+def build_cache(recipe: str, base: Path, out: Path, extra: list[str]) -> Path:
+    folder = out / f"cache-{cache_key(recipe)}"
+    if not (folder / "done").is_file():  # an interrupted build resumes shard by shard
+        soft = ["--model.loss", "SoftKL"]  # so that the label hidden state is stored too
+        spec_drafters(
+            "cache", *configs(recipe, base), *extra, *soft, "--out", str(folder), "--dtype", "bfloat16"
+        )
+        (folder / "done").write_text("")
+    return folder
+
+
+def train(recipe: str, seed: int, base: Path, out: Path, steps: int, cache: Path, extra: list[str]) -> dict:
+    run = out / f"{recipe}-s{seed}"
+    result = run / "fit.json"
+    if not result.is_file():
+        last = run / "checkpoints" / "last.ckpt"
+        t0 = time.perf_counter()
+        trainer = {  # this run's own folders (JSON is YAML)
+            "trainer": {
+                "default_root_dir": str(run),
+                "max_steps": steps,
+                "val_check_interval": steps,
+                "logger": [{"class_path": "CSVLogger", "init_args": {"save_dir": str(run), "name": "logs"}}],
+                "callbacks": [
+                    {
+                        "class_path": "ModelCheckpoint",
+                        "init_args": {"dirpath": str(run / "checkpoints"), "save_last": True, "save_top_k": 0,
+                                      "every_n_train_steps": 50},
+                    },
+                    {"class_path": "TrainingThroughput"},
+                ],
+            }
+        }  # fmt: skip
+        run.mkdir(parents=True, exist_ok=True)
+        (run / "trainer.yaml").write_text(json.dumps(trainer))
+        spec_drafters(
+            "fit", *configs(recipe, base), "--config", str(run / "trainer.yaml"), *extra,
+            "--seed_everything", str(seed), "--model.seed", str(seed), "--data.cache", str(cache),
+            "--results", str(result), *(["--ckpt_path", str(last)] if last.is_file() else []),
+        )  # fmt: skip
+        (run / "seconds").write_text(f"{time.perf_counter() - t0:.1f}\n")
+    metrics = json.loads(result.read_text())["metrics"]
+    seconds = float((run / "seconds").read_text()) if (run / "seconds").is_file() else None
+    return {"recipe": recipe, "seed": seed, "fit_s": seconds, **{k: metrics.get(k) for k in METRICS}}
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    """Per recipe: the mean over seeds and the spread (max - min) of every metric."""
+    out = []
+    for recipe in dict.fromkeys(r["recipe"] for r in rows):
+        mine = [r for r in rows if r["recipe"] == recipe]
+        row = {"recipe": recipe, "seeds": len(mine)}
+        for key in METRICS:
+            values = [r[key] for r in mine if r[key] is not None]
+            row[key] = sum(values) / len(values) if values else None
+            row[f"{key} spread"] = max(values) - min(values) if values else None
+        out.append(row)
+    return sorted(out, key=lambda r: -(r["val/tau_ddtree_b32"] or 0))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
+    ap.add_argument("--only", nargs="+", choices=RECIPES, help="run these recipes only")
+    ap.add_argument("--base", type=Path, default=CONFIGS / "base.yaml")
+    ap.add_argument("--out", type=Path, default=ROOT / "runs" / "ablation")
+    ap.add_argument(
+        "--counts",
+        type=Path,
+        default=ROOT / "runs" / "reference" / "token_counts.json",
+        help="label counts for an 8,192-token draft vocabulary (make reference's); ignored when absent",
+    )
+    ap.add_argument("extra", nargs="*", help="more LightningCLI flags for every run (after --)")
+    args = ap.parse_args()
+    if args.counts.is_file():
+        vocab = ["--model.draft_vocab", "FrequentTokens", "--model.draft_vocab.counts", str(args.counts)]
+        args.extra = [*vocab, "--model.draft_vocab.size", "8192", *args.extra]
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for recipe in args.only or RECIPES:
+        cache = build_cache(recipe, args.base, args.out, args.extra)
+        rows += [train(recipe, s, args.base, args.out, args.steps, cache, args.extra) for s in args.seeds]
+    table = summarize(rows)
+    print(f"{'recipe':<18} {'seeds':>5} {'chain tau':>15} {'DDTree-32 tau':>15} {'ECE':>13} {'slot 1':>13}")
+    for r in table:
+        cells = " ".join(
+            f"{r[k]:>7.4f} ±{r[f'{k} spread']:<6.4f}" if r[k] is not None else f"{'-':>15}" for k in METRICS
+        )
+        print(f"{r['recipe']:<18} {r['seeds']:>5} {cells}")
+    v6 = next((r for r in table if r["recipe"] == "v6"), None)
+    best = table[0] if table else None
+    summary = {"steps": args.steps, "seeds": args.seeds, "best": best and best["recipe"]}
+    if v6 and best and best["val/tau_ddtree_b32"] is not None and v6["val/tau_ddtree_b32"] is not None:
+        margin = best["val/tau_ddtree_b32"] - v6["val/tau_ddtree_b32"]
+        noise = max(best["val/tau_ddtree_b32 spread"], v6["val/tau_ddtree_b32 spread"])
+        summary.update(best_minus_v6_ddtree_tau=margin, beats_v6_beyond_spread=margin > noise)
+    record("ablation", rows, {**summary, "table": table})
+
+
+if __name__ == "__main__":
+    main()
