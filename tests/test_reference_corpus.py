@@ -118,3 +118,27 @@ def test_mix_keeps_answer_splits_and_adds_train_windows_only(tmp_path):
     assert out["answers"] == 1 and out["source_windows"] == 1
     with gzip.open(tmp_path / "train.jsonl.gz", "rt") as fh:
         assert [json.loads(line)["id"] for line in fh] == ["1", "s2"]
+
+
+def test_two_processes_share_the_parts_folder_one_in_reverse(tmp_path, monkeypatch):
+    """Reverse order gives the same bytes, and a part another process finished meanwhile is skipped."""
+    from spec_drafters.data import reference_corpus
+
+    loaded = _target()
+    items = [{"id": f"m:{i}", "prompt": f"def f{i}(x):"} for i in range(5)]
+    generate_parts(items, loaded, tmp_path / "fwd", part_size=2, batch_size=2, max_new_tokens=4)
+    written, real_write = [], reference_corpus._write_part
+
+    def write(path, records):  # as the other process: part 0 appears while this one answers part 2
+        real_write(path, records)
+        written.append(path.name)
+        if path.name == "part-00002.jsonl.gz":
+            (tmp_path / "rev" / "part-00000.jsonl.gz").write_bytes(
+                (tmp_path / "fwd" / "part-00000.jsonl.gz").read_bytes()
+            )
+
+    monkeypatch.setattr(reference_corpus, "_write_part", write)
+    generate_parts(items, loaded, tmp_path / "rev", part_size=2, batch_size=2, max_new_tokens=4, reverse=True)
+    assert written == ["part-00002.jsonl.gz", "part-00001.jsonl.gz"]  # part 0 was not answered again
+    for name in ("part-00000.jsonl.gz", "part-00001.jsonl.gz", "part-00002.jsonl.gz"):
+        assert (tmp_path / "rev" / name).read_bytes() == (tmp_path / "fwd" / name).read_bytes()

@@ -109,25 +109,32 @@ def _part_ids(path: Path) -> list[str]:
 
 
 def generate_parts(
-    items: list[dict], target, out: Path, part_size: int, batch_size: int, max_new_tokens: int
+    items: list[dict],
+    target,
+    out: Path,
+    part_size: int,
+    batch_size: int,
+    max_new_tokens: int,
+    reverse: bool = False,
 ) -> None:
     """Answers ``items`` part by part into ``out``. A finished part is kept when it holds exactly the
     items this run would put there (another Python's standard library gives other items: then the
-    part is answered again, never mixed in)."""
+    part is answered again, never mixed in). Each part is checked again just before it is answered,
+    so two processes can share ``out``, one of them going from the last part back (``reverse``)."""
     from tqdm import tqdm
 
     out.mkdir(parents=True, exist_ok=True)
     starts = list(range(0, len(items), part_size))
-    done = {
-        s
-        for s in starts
-        if (p := out / f"part-{s // part_size:05d}.jsonl.gz").is_file()
-        and _part_ids(p) == [it["id"] for it in items[s : s + part_size]]
-    }
+
+    def finished(s: int) -> bool:
+        path = out / f"part-{s // part_size:05d}.jsonl.gz"
+        return path.is_file() and _part_ids(path) == [it["id"] for it in items[s : s + part_size]]
+
+    done = {s for s in starts if finished(s)}
     bar = tqdm(total=len(items), initial=sum(len(items[s : s + part_size]) for s in done), unit="prompt")
     bar.set_description("answering")
-    for s in starts:
-        if s in done:
+    for s in reversed(starts) if reverse else starts:
+        if s in done or finished(s):  # answered before, or meanwhile by the other process
             continue
         part = items[s : s + part_size]
         lengths = [len(target.tokenizer.encode(it["prompt"])) for it in part]
@@ -213,6 +220,11 @@ def _parser():
     ap.add_argument("--max_new_tokens", type=int, default=128)
     ap.add_argument("--val_fraction", type=float, default=0.03)
     ap.add_argument(
+        "--reverse",
+        action="store_true",
+        help="answer the parts from the last one back: a second process sharing --out meets the first",
+    )
+    ap.add_argument(
         "--threads",
         type=int,
         help="torch threads (on a shared machine 1 thread beats 2 that spin-wait for a busy core)",
@@ -238,8 +250,12 @@ def main(argv: list[str] | None = None) -> None:
         from spec_drafters.target.loaders import EmbeddedSmolLM2
 
         target = EmbeddedSmolLM2().load()
-        generate_parts(items, target, out, args.part_size, args.batch_size, args.max_new_tokens)
+        generate_parts(items, target, out, args.part_size, args.batch_size, args.max_new_tokens, args.reverse)
         parts = [out / f"part-{i:05d}.jsonl.gz" for i in range(-(-len(items) // args.part_size))]
+        missing = [p.name for p in parts if not p.is_file()]
+        if missing:  # another process is still answering them: the last one to finish assembles
+            print(f"{len(missing)} parts still being answered elsewhere ({missing[0]}...); run again")
+            return
     else:
         parts = [out / "part-00000.jsonl.gz"]
         _write_part(parts[0], items)
