@@ -253,8 +253,8 @@ ABLATION_TAPS = {
 
 
 def test_ablation_recipes():
-    """Every recipe of benchmarks/ablation.py parses over the shared base and names what it says;
-    the seeds' three are built: v3 and v5 read layer 27 of 30 ("61 of 64"), v5 keeps it out of fc."""
+    """Every recipe of benchmarks/ablation.py parses over the shared base and names what it says; v5 is
+    built: it reads layer 27 of 30 ("61 of 64") for its labels and keeps it out of fc."""
     import yaml
 
     from spec_drafters.cli.main import SpecDraftersCLI
