@@ -156,3 +156,13 @@ def test_dspark_confidence_target_is_the_acceptance_probability():
     out = loss(_batch(Q.log()[None], torch.tensor([0]), slots, sup, teacher=P.log()[None]))
     assert out["confidence_bce"].item() == pytest.approx(entropy, rel=1e-5)  # the minimum: c* itself
     assert loss.needs_distribution
+
+
+def test_an_inline_loss_on_the_command_line_is_checked_like_a_file():
+    from spec_drafters.cli.checks import check_argv_components
+    from spec_drafters.registry import UnknownComponentError
+
+    mix = "{class_path: LossMix, init_args: {losses: [{class_path: HardCE}], coefficients: [1.0]}}"
+    check_argv_components(["--model.loss", mix])  # known names: no error
+    with pytest.raises(UnknownComponentError, match="unknown loss .NoSuchLoss.; valid: cap"):
+        check_argv_components(["--model.loss", mix.replace("LossMix", "NoSuchLoss")])

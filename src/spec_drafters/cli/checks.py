@@ -135,6 +135,11 @@ def _yaml_problem(e: yaml.YAMLError) -> str:
 
 
 def _dotted(key: str, value: str) -> dict:
+    if value.lstrip().startswith(("{", "[")):  # an inline YAML/JSON value, as jsonargparse reads it
+        try:
+            value = yaml.safe_load(value)
+        except yaml.YAMLError:
+            pass  # jsonargparse reports it
     parts = key.split(".")
     if parts[-1] == "class_path":
         parts, value = parts[:-1], {"class_path": value}
