@@ -164,5 +164,5 @@ def test_an_inline_loss_on_the_command_line_is_checked_like_a_file():
 
     mix = "{class_path: LossMix, init_args: {losses: [{class_path: HardCE}], coefficients: [1.0]}}"
     check_argv_components(["--model.loss", mix])  # known names: no error
-    with pytest.raises(UnknownComponentError, match="unknown loss .NoSuchLoss.; valid: cap"):
+    with pytest.raises(UnknownComponentError, match=r"unknown loss 'NoSuchLoss'; valid: cap"):
         check_argv_components(["--model.loss", mix.replace("LossMix", "NoSuchLoss")])

@@ -5,6 +5,7 @@ only says "expected a dot import path"). Also the config-file reader that names 
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import inspect
 import typing
@@ -136,10 +137,8 @@ def _yaml_problem(e: yaml.YAMLError) -> str:
 
 def _dotted(key: str, value: str) -> dict:
     if value.lstrip().startswith(("{", "[")):  # an inline YAML/JSON value, as jsonargparse reads it
-        try:
+        with contextlib.suppress(yaml.YAMLError):  # jsonargparse reports malformed values
             value = yaml.safe_load(value)
-        except yaml.YAMLError:
-            pass  # jsonargparse reports it
     parts = key.split(".")
     if parts[-1] == "class_path":
         parts, value = parts[:-1], {"class_path": value}
