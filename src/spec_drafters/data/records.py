@@ -177,6 +177,7 @@ class TextRecords:
         seed: int = 0,
         cache: str | None = None,
     ):
+        super().__init__()  # under TextDataModule: LightningDataModule's
         if max_length < 4:
             raise ValueError(f"--data.max_length must be >= 4, got {max_length}")
         if batch_size < 1:

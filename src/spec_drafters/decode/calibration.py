@@ -38,16 +38,18 @@ def _log_loss(p: torch.Tensor, y: torch.Tensor) -> float:
 
 
 def fit_temperatures(logits: torch.Tensor, labels: torch.Tensor, grid: list[float] = GRID) -> list[float]:
-    """One temperature per slot, fitted sequentially (module docstring)."""
+    """One temperature per slot, fitted sequentially (module docstring). The top-1 token of a slot does
+    not depend on its temperature, so only slot d's top probability is recomputed per candidate."""
+    prev_p = torch.ones(logits.shape[0])  # prod over the fitted slots of their top probability
+    prev_hit = torch.ones(logits.shape[0], dtype=torch.bool)  # their top-1 prefix was right so far
     temps: list[float] = []
     for d in range(logits.shape[1]):
-        best = min(
-            grid,
-            key=lambda t: _log_loss(
-                *[x[:, d] for x in prefix_events(logits[:, : d + 1], labels[:, : d + 1], [*temps, t])]
-            ),
-        )
+        z = logits[:, d].float()
+        hit = prev_hit & (z.argmax(-1) == labels[:, d])
+        top = {t: torch.softmax(z / t, dim=-1).max(-1).values for t in grid}
+        best = min(grid, key=lambda t: _log_loss(prev_p * top[t], hit))
         temps.append(best)
+        prev_p, prev_hit = prev_p * top[best], hit
     return temps
 
 

@@ -37,13 +37,11 @@ class RoundCost:
         xs, ys = self.tokens, self.verify
         if t <= xs[0]:
             return self.draft + ys[0]
-        for (x0, y0), (x1, y1) in zip(
-            zip(xs, ys, strict=True), zip(xs[1:], ys[1:], strict=True), strict=False
-        ):
-            if t <= x1:
-                return self.draft + y0 + (y1 - y0) * (t - x0) / (x1 - x0)
-        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2]) if len(xs) > 1 else 0.0
-        return self.draft + ys[-1] + slope * (t - xs[-1])
+        i = next((i for i in range(1, len(xs)) if t <= xs[i]), len(xs) - 1)  # the segment holding t
+        if len(xs) == 1:
+            return self.draft + ys[0]
+        slope = (ys[i] - ys[i - 1]) / (xs[i] - xs[i - 1])  # past the last size: the last segment's slope
+        return self.draft + ys[i - 1] + slope * (t - xs[i - 1])
 
     def save(self, path: str | Path) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)

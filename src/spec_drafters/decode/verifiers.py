@@ -96,7 +96,7 @@ class DDTree(Verifier):
         out = []
         for logits, lab, ok in zip(draft_logits, labels, valid, strict=True):
             known = int(ok.long().cumprod(0).sum())  # walk only through existing labels
-            out.append(walk_tree(self.tree(logits[:known]), lab[:known].tolist()) if known else 0)
+            out.append(walk_tree(self.propose(logits[:known]), lab[:known].tolist()) if known else 0)
         return torch.tensor(out, device=labels.device)
 
     def propose(self, draft_logits):
@@ -148,10 +148,3 @@ class AdaptiveDDTree(DDTree):
             return tree
         b = self.choose(tree)
         return DraftTree(tree.tokens[:b], tree.parents[:b], tree.depths[:b], tree.scores[:b])
-
-    def offline_accepted(self, draft_logits, labels, valid):
-        out = []
-        for logits, lab, ok in zip(draft_logits, labels, valid, strict=True):
-            known = int(ok.long().cumprod(0).sum())
-            out.append(walk_tree(self.propose(logits[:known]), lab[:known].tolist()) if known else 0)
-        return torch.tensor(out, device=labels.device)

@@ -12,38 +12,10 @@ from spec_drafters.data.records import EpochShuffle, TextRecords, collate
 
 
 class TextDataModule(TextRecords, pl.LightningDataModule):
-    """Tokenizes with the target's tokenizer (the LightningModule's, at ``setup``).
+    """Tokenizes with the target's tokenizer (the LightningModule's, at ``setup``); the arguments are
+    TextRecords', whose ``__init__`` also runs LightningDataModule's (cooperative ``super()``).
 
-    Args:
-        path: JSONL(.gz) file; default is the shipped stdlib corpus answered by the embedded target.
-        val_path: a separate validation file; if unset, records are split by their "split" field.
-        max_length: tokens per sequence (prompt + response), longer ones are truncated.
-        batch_size: sequences per training step.
-        val_batch_size: sequences per validation step (default: batch_size).
-        max_train_records: use only the first this many training records.
-        max_val_records: use only the first this many validation records.
-        seed: the training order of every epoch (resumed runs continue it exactly).
-        cache: train from this offline cache (``spec-drafters cache``) instead of running the target
-            over the training text; validation stays online.
     """
-
-    def __init__(
-        self,
-        path: str = "data/stdlib_smollm2.jsonl.gz",
-        val_path: str | None = None,
-        max_length: int = 512,
-        batch_size: int = 4,
-        val_batch_size: int | None = None,
-        max_train_records: int | None = None,
-        max_val_records: int | None = None,
-        seed: int = 0,
-        cache: str | None = None,
-    ):
-        pl.LightningDataModule.__init__(self)
-        TextRecords.__init__(
-            self, path, val_path, max_length, batch_size, val_batch_size, max_train_records, max_val_records,
-            seed, cache,
-        )  # fmt: skip
 
     def setup(self, stage: str) -> None:
         if self.train or self.val:
