@@ -155,3 +155,41 @@ def test_components_name_their_argument_not_a_flag(make, message):
     with pytest.raises(ValueError) as raised:
         make()
     assert str(raised.value) == message
+
+
+def test_training_loss_does_not_keep_the_whole_logits_block():
+    """Unchunked training: the (M, V) logits live only as long as backward needs them (the batch does
+    not hold them), with the same loss, gradient and argmax as a batch over the kept logits."""
+    import weakref
+
+    g = torch.Generator().manual_seed(0)
+    head_w = torch.randn((50, 4), generator=g)
+    hidden = torch.randn((6, 4), generator=g, requires_grad=True)
+    labels = torch.randint(0, 50, (6,), generator=g)
+    slots = torch.tensor([1, 2, 3, 1, 2, 3])
+    sup = torch.ones((1, 2, 3), dtype=torch.bool)
+    made = []
+
+    def head(x):
+        out = x @ head_w.T
+        made.append(weakref.ref(out))
+        return out
+
+    batch = SlotBatch(hidden, labels, slots, sup, head=head)
+    loss = HardCE(gamma=4.0)(batch)["loss"]
+    assert batch._logits is None and len(made) == 1
+    assert torch.equal(batch.argmax(), (hidden @ head_w.T).argmax(-1)) and len(made) == 1
+    loss.backward()
+    del loss
+    assert made[0]() is None  # nothing holds the block once backward is done
+    got = hidden.grad.clone()
+
+    hidden.grad = None
+    kept = SlotBatch.from_logits(hidden @ head_w.T, labels, slots, hidden, sup)
+    want = HardCE(gamma=4.0)(kept)["loss"]
+    want.backward()
+    assert torch.allclose(got, hidden.grad, atol=1e-6)
+    with torch.no_grad():  # validation keeps the block for its metrics
+        val = SlotBatch(hidden, labels, slots, sup, head=head)
+        HardCE(gamma=4.0)(val)
+        assert val._logits is not None

@@ -86,8 +86,14 @@ class SlotBatch:
     def per_row(self, fn: Callable[[torch.Tensor, slice], torch.Tensor]) -> torch.Tensor:
         """(M,) values of ``fn(logits (C, V), rows)`` over row chunks, the head recomputed in backward."""
         chunks = self._chunks()
-        if len(chunks) == 1:
+        if len(chunks) == 1 and (self._logits is not None or not _backward_follows(self.hidden)):
             return fn(self.logits, slice(None))
+        if len(chunks) == 1:
+            # Not kept on the batch: only the loss's own saved tensors outlive the forward, so the
+            # (M, V) block is freed as soon as backward is done with it (docs/scale.md, "Memory options").
+            logits = self.head(self.hidden)
+            self._top = {None: logits.detach().argmax(-1)}
+            return fn(logits, slice(None))
 
         self._top = {}
 
@@ -108,6 +114,8 @@ class SlotBatch:
         """(M,) the drafter's top token per row, chunk by chunk."""
         chunks = self._chunks()
         if len(chunks) == 1:
+            if self._top is not None and None in self._top:
+                return self._top[None]
             return self.logits.argmax(-1)
         top = self._top if self._top is not None else {}
         for rows in chunks:
@@ -122,6 +130,10 @@ class SlotBatch:
         if self.denominator is not None:
             total = self.denominator(total.detach())
         return (weights * values).sum() / total
+
+
+def _backward_follows(hidden: torch.Tensor) -> bool:
+    return torch.is_grad_enabled() and hidden.requires_grad
 
 
 def slot_weights(slots: torch.Tensor, gamma: float | None) -> torch.Tensor:
