@@ -50,7 +50,8 @@ bench: $(STAMP)
 # 1. answers: every stdlib docstring answered by the target; parts land in data/reference/answers
 #    (committed, so a fresh clone continues generation where the last machine stopped);
 # 2. source: the stdlib's real source in windows (teacher-forced labels, no generation);
-# 3. the training file; 4. token counts for the draft vocabulary; 5. the bf16 feature cache;
+# 3. the training file; 4. token counts for the draft vocabulary; 5. the bf16 feature cache (two
+#    1-thread builders, one from each end: faster than one 2-thread process on this CPU);
 # 6. training, resumed from the last checkpoint; 7. the best held-out checkpoint exported in bf16;
 # 8. the held-out tau against training tokens seen (benchmarks/tau_curve.py).
 REF ?= runs/reference
@@ -67,7 +68,9 @@ reference: $(STAMP)
 		--source $(REF)/source/corpus.jsonl.gz --source_records $(REF_SOURCE_RECORDS) --out $(REF)/train.jsonl.gz
 	test -f $(REF)/token_counts.json || $(BIN)/spec-drafters draft-vocab --config $(REF_CONFIG) \
 		--model.draft_vocab FullVocab --out $(REF)/token_counts.json
-	nice $(BIN)/spec-drafters cache --config $(REF_CONFIG) --out $(REF)/cache --dtype bfloat16
+	OMP_NUM_THREADS=1 nice $(BIN)/spec-drafters cache --config $(REF_CONFIG) --out $(REF)/cache --dtype bfloat16 & \
+		OMP_NUM_THREADS=1 nice $(BIN)/spec-drafters cache --config $(REF_CONFIG) --out $(REF)/cache --dtype bfloat16 \
+		--reverse && wait $$!
 	nice $(BIN)/spec-drafters fit --config $(REF_CONFIG) --data.cache $(REF)/cache \
 		$$(test -f $(REF)/checkpoints/last.ckpt && echo --ckpt_path $(REF)/checkpoints/last.ckpt)
 	$(BIN)/spec-drafters export $(REF)/best/best.ckpt --out $(REF_DRAFTER) --dtype bfloat16

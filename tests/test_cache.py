@@ -3,6 +3,7 @@ interrupted build resumes; a corrupt shard is reported and skipped, never used; 
 other data, max_length, tokenizer or records is refused with both values named."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -79,6 +80,39 @@ def test_interrupted_build_resumes_and_corrupt_shards_are_skipped(setup, tmp_pat
     with pytest.raises(ValueError, match="fc_ids"):
         CachedRecords(tmp_path, expect={"fc_ids": [1, 2, 3]})
     assert json.loads((tmp_path / "index.json").read_text())["meta"]["fc_ids"] == [1, 2]
+
+
+def test_two_builders_share_a_folder_and_an_unfinished_cache_is_refused(setup, tmp_path, monkeypatch):
+    """A forward and a --reverse build split the shards; until every record is in, training refuses."""
+    import spec_drafters.data.feature_cache as fc
+
+    module, data, train = setup
+    whole = build_cache(module.feature_spec(), data, tmp_path / "one", shard_records=7, progress=False)
+    real, built = fc._write_shard, []
+
+    def stop_after_two(spec, chunk, file, *a):
+        if len(built) == 2:
+            raise KeyboardInterrupt  # the forward builder killed after two shards
+        built.append(file.name)
+        return real(spec, chunk, file, *a)
+
+    monkeypatch.setattr(fc, "_write_shard", stop_after_two)
+    with pytest.raises(KeyboardInterrupt):
+        build_cache(module.feature_spec(), data, tmp_path / "two", shard_records=7, progress=False)
+    assert built == ["shard-00000.safetensors", "shard-00001.safetensors"]
+    with pytest.raises(ValueError, match="unfinished: its shards hold 14 of the 20 records"):
+        CachedRecords(tmp_path / "two")
+    monkeypatch.setattr(fc, "_write_shard", real)
+    reverse_built = []
+    monkeypatch.setattr(fc, "_write_shard", lambda spec, chunk, file, *a: reverse_built.append(file.name)
+                        or real(spec, chunk, file, *a))  # fmt: skip
+    index = build_cache(module.feature_spec(), data, tmp_path / "two", shard_records=7, progress=False,
+                        reverse=True)  # fmt: skip
+    assert reverse_built == ["shard-00002.safetensors"]  # the other's two shards are taken as they are
+    assert [s["sha256"] for s in index["shards"]] == [s["sha256"] for s in whole["shards"]]
+    assert index["tokens"] == whole["tokens"] and len(CachedRecords(tmp_path / "two")) == len(train)
+    with pytest.raises(ValueError, match=re.escape("shard_records=7 (this build: 5)")):
+        build_cache(module.feature_spec(), data, tmp_path / "two", shard_records=5, progress=False)
 
 
 def test_hard_loss_cache_stores_labels_not_hidden_states(tmp_path):

@@ -28,14 +28,29 @@ def cache_cmd(argv: list[str]) -> None:
     ap.add_argument("--out", required=True, help="the cache folder (an interrupted build resumes there)")
     ap.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     ap.add_argument("--shard_records", type=int, default=64)
+    ap.add_argument(
+        "--reverse",
+        action="store_true",
+        help="build from the last shard back: a second process with the same arguments and --reverse "
+        "shares the folder with a forward one, and the two meet in the middle",
+    )
     args, rest = ap.parse_known_args(argv)
     module, data = load_module(rest, quiet=True, with_data=True)
     index = build_cache(
-        module.feature_spec(), data, args.out, args.dtype, args.shard_records, batch_size=data.batch_size
+        module.feature_spec(),
+        data,
+        args.out,
+        args.dtype,
+        args.shard_records,
+        batch_size=data.batch_size,
+        reverse=args.reverse,
     )
     per_k = index["bytes"] / max(1, index["tokens"]) * 1000
+    have, want = sum(s["records"] for s in index["shards"]), index["meta"]["records"]
+    if have < want:
+        print(f"cache {args.out}: {have} of {want} records so far (the other builder is still running)")
     print(
-        f"cache {args.out}: {len(index['shards'])} shards, {index['meta']['records']} records, "
+        f"cache {args.out}: {len(index['shards'])} shards, {have} records, "
         f"{index['tokens']} tokens, {index['bytes'] / 2**20:.1f} MiB "
         f"({per_k / 2**20:.2f} MiB per 1k tokens, {args.dtype})"
     )

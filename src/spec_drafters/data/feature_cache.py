@@ -26,6 +26,8 @@ run's token for token.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import itertools
 import json
 import os
@@ -90,9 +92,14 @@ def build_cache(
     shard_records: int = 64,
     batch_size: int = 4,
     progress: bool = True,
+    reverse: bool = False,
 ) -> dict:
     """Runs the target over the training records of ``data`` (TextRecords) and writes the cache;
-    returns the index. Run again after an interruption, it keeps the shards whose checksum holds."""
+    returns the index. Run again after an interruption, it keeps the shards whose checksum holds.
+
+    ``reverse`` builds the shards from the last one back, so that a second process can share the
+    folder with a forward one: each re-reads the index (under a lock) before every shard and skips
+    what the other finished; where they meet, at most one shard is built twice (identically)."""
     store = {"float32": torch.float32, "bfloat16": torch.bfloat16}.get(dtype)
     if store is None:
         raise ValueError(f"--dtype must be float32 or bfloat16, got {dtype!r}")
@@ -105,26 +112,51 @@ def build_cache(
         "label_layers": spec.identity["label_layers"],
         "dtype": dtype,
         "label_hidden": spec.soft,
+        "shard_records": shard_records,
     }
-    index = _open_index(out, meta)
-    done = {s["file"]: s for s in index["shards"]}
-    starts = range(0, len(examples), shard_records)
+    starts = list(range(0, len(examples), shard_records))
+    with _locked(out):
+        _write_json(out / "index.json", _open_index(out, meta))
+    order = list(enumerate(starts))
     bar = _bar(len(starts)) if progress else None
-    for shard_id, start in enumerate(starts):
+    for shard_id, start in reversed(order) if reverse else order:
         name = f"shard-{shard_id:05d}.safetensors"
-        finished = name in done and (out / name).is_file()  # before an interruption
+        with _locked(out):
+            done = {s["file"]: s for s in _read_index(out)["shards"]}
+        finished = name in done and (out / name).is_file()  # before an interruption, or by the other
         if not (finished and sha256_file(out / name) == done[name]["sha256"]):
             entry = _write_shard(spec, examples[start : start + shard_records], out / name, store, batch_size)
-            index["shards"] = [s for s in index["shards"] if s["file"] != name] + [entry]
-            _write_json(out / "index.json", index)
+            with _locked(out):
+                index = _read_index(out)
+                index["shards"] = sorted(
+                    [s for s in index["shards"] if s["file"] != name] + [entry], key=lambda s: s["file"]
+                )
+                _write_json(out / "index.json", index)
         if bar:
             bar.update(1)
     if bar:
         bar.close()
-    index["bytes"] = sum((out / s["file"]).stat().st_size for s in index["shards"])
-    index["tokens"] = sum(s["tokens"] for s in index["shards"])
-    _write_json(out / "index.json", index)
+    with _locked(out):
+        index = _read_index(out)
+        index["bytes"] = sum((out / s["file"]).stat().st_size for s in index["shards"])
+        index["tokens"] = sum(s["tokens"] for s in index["shards"])
+        _write_json(out / "index.json", index)
     return index
+
+
+@contextlib.contextmanager
+def _locked(out: Path):
+    """An exclusive lock on the folder's index (two builders may share a folder: ``reverse``)."""
+    with open(out / ".index.lock", "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _read_index(out: Path) -> dict:
+    return json.loads((out / "index.json").read_text())
 
 
 def _open_index(out: Path, meta: dict) -> dict:
@@ -132,13 +164,18 @@ def _open_index(out: Path, meta: dict) -> dict:
     path = out / "index.json"
     index = json.loads(path.read_text()) if path.is_file() else {"meta": meta, "shards": []}
     built = index["meta"]
-    differ = [k for k in meta.keys() | built.keys() if k != "data_path" and built.get(k) != meta.get(k)]
+    differ = [
+        k
+        for k in meta.keys() | built.keys()
+        if k != "data_path" and built.get(k) != meta.get(k) and not (k == "shard_records" and k not in built)
+    ]
     if differ:
         raise InputError(
             f"{out}: an existing cache was built with "
             + ", ".join(f"{k}={built.get(k)!r} (this build: {meta.get(k)!r})" for k in sorted(differ))
             + "; use a new --out folder"
         )
+    index["meta"] = {**index["meta"], **meta}
     return index
 
 
@@ -216,6 +253,13 @@ class CachedRecords(torch.utils.data.Dataset):
             self.records += [(len(self.files), a, b) for a, b in itertools.pairwise(off)]
             self.files.append(file)
         self._open: dict[int, object] = {}
+        indexed = sum(s["records"] for s in index["shards"])
+        if not legacy and indexed < meta["records"]:  # silently training on part of the data: refused
+            raise InputError(
+                f"--data.cache {path} is unfinished: its shards hold {indexed} of the "
+                f"{meta['records']} records it was built for; run the same spec-drafters cache "
+                "command again to finish it"
+            )
         if self.skipped:
             warnings.warn(
                 f"--data.cache: skipped shards failing their checksum or missing: {self.skipped}",
