@@ -295,6 +295,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="the smallest sizes only (a smoke run)")
     parser.add_argument("--no-peer", action="store_true")
+    parser.add_argument("--peer-only", action="store_true", help="only our whole step beside speculators'")
     parser.add_argument("--backend", default="split", help="our attention for the comparison with the peer")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -310,9 +311,11 @@ def main() -> None:
         print(json.dumps(out))
         return
     sizes = ([64], [16], [512]) if args.quick else ([64, 256, 1024], [16, 32], [512, 2048])
-    rows = attention_grid(sizes, args.repeats)
-    growth = growth_law(rows)
-    loss_rows = loss_table([1024] if args.quick else [1024, 4096, 16384], args.repeats)
+    rows = [] if args.peer_only else attention_grid(sizes, args.repeats)
+    growth = growth_law(rows) if rows else {}
+    loss_rows = (
+        [] if args.peer_only else loss_table([1024] if args.quick else [1024, 4096, 16384], args.repeats)
+    )
     shapes = [(64, 16, 512)] if args.quick else [(64, 16, 512), (256, 16, 2048)]
     peer_rows = [] if args.no_peer else peer_table(shapes, args.backend, args.repeats)
 
