@@ -15,7 +15,7 @@ from spec_drafters.decode.generate import greedy_generate, speculative_generate
 from spec_drafters.decode.verifiers import DDTree, GreedyChain
 from spec_drafters.lightning.module import DFlashModule
 from spec_drafters.model.drafter import DFlashDrafter, DrafterConfig
-from spec_drafters.model.vocab import FrequentTokens, count_labels, coverage
+from spec_drafters.model.vocab import FolderVocab, FrequentTokens, count_labels, coverage
 from spec_drafters.target.injection import AllButLast
 from spec_drafters.target.loaders import TinyRandom
 
@@ -137,6 +137,29 @@ def test_spec_drafters_and_speculators_layouts_keep_the_mapping_zlab_refuses(voc
     assert int(weights["t2d"].sum()) == len(ids) and bool(weights["t2d"][ids].all())
     with pytest.raises(ValueError, match="z-lab layout has no draft vocabulary"):
         write_folder(folder, tmp_path / "zlab", "zlab")
+
+
+def test_a_folder_vocabulary_is_the_one_it_was_trained_with(vocab_module, tmp_path):
+    module, _ = vocab_module
+    folder = folder_from_module(module)
+    ids = module.drafter.draft_ids.clone()
+    for layout in ("spec_drafters", "speculators"):
+        path = write_folder(folder, tmp_path / layout, layout)
+        assert torch.equal(FolderVocab(str(path)).token_ids(module.vocab_size), ids)
+    with pytest.raises(ValueError, match=r"not sorted distinct ids of 0\.\.9"):
+        FolderVocab(str(tmp_path / "speculators")).token_ids(10)
+    whole = write_folder(folder_from_module(tiny_module_without_vocab()), tmp_path / "whole", "spec_drafters")
+    with pytest.raises(ValueError, match="drafts over the whole vocabulary"):
+        FolderVocab(str(whole)).token_ids(module.vocab_size)
+    with pytest.raises(FileNotFoundError, match=r"no model\.safetensors"):
+        FolderVocab(str(tmp_path / "nowhere")).token_ids(module.vocab_size)
+
+
+def tiny_module_without_vocab():
+    return DFlashModule(
+        target=TinyRandom(num_layers=6), drafter=DrafterConfig(num_layers=1, block_size=4),
+        injection=AllButLast(num_taps=3),
+    )  # fmt: skip
 
 
 def test_a_draft_vocabulary_reads_the_head_rows_through_a_packed_head():

@@ -14,6 +14,8 @@ validation they count as misses (the drafter cannot propose them), so ``val/tau`
 - ``full_vocab``: the whole vocabulary (the default).
 - ``frequent_tokens``: the ``size`` most frequent tokens of a counts file written by
   ``spec-drafters draft-vocab`` (the training labels, i.e. the target's own outputs).
+- ``from_folder``: the subset a drafter folder was trained with (its ``draft_ids``, or speculators'
+  ``d2t``), to evaluate or fine-tune a shipped drafter without the counts it was chosen from.
 """
 
 from __future__ import annotations
@@ -68,6 +70,42 @@ class FrequentTokens(DraftVocab):
             raise ValueError(f"{self.counts}: token ids {bad[:5]} outside the vocabulary 0..{vocab_size - 1}")
         ranked = sorted(range(vocab_size), key=lambda t: (-table.get(t, 0), t))
         return torch.tensor(sorted(ranked[: self.size]), dtype=torch.long)
+
+
+@register("draft_vocab", "from_folder")
+class FolderVocab(DraftVocab):
+    """The draft vocabulary stored in a drafter folder (spec_drafters' ``draft_ids`` or speculators'
+    ``d2t``, where target id = draft id + d2t).
+
+    Args:
+        path: the drafter folder (config.json + model.safetensors).
+    """
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def token_ids(self, vocab_size):
+        from safetensors import safe_open
+
+        file = Path(self.path) / "model.safetensors"
+        if not file.is_file():
+            raise FileNotFoundError(f"{self.path}: no model.safetensors (a drafter folder holds it)")
+        with safe_open(str(file), framework="pt") as f:
+            keys = set(f.keys())
+            if "draft_ids" in keys:
+                ids = f.get_tensor("draft_ids").long()
+            elif "d2t" in keys:
+                d2t = f.get_tensor("d2t").long()
+                ids = d2t + torch.arange(len(d2t))
+            else:
+                raise ValueError(f"{self.path}: the folder drafts over the whole vocabulary; use full_vocab")
+        if (
+            ids.numel() < 2
+            or bool((ids[1:] <= ids[:-1]).any())
+            or not 0 <= int(ids[0]) <= int(ids[-1]) < vocab_size
+        ):
+            raise ValueError(f"{self.path}: its draft ids are not sorted distinct ids of 0..{vocab_size - 1}")
+        return ids
 
 
 def read_counts(path: str | Path) -> dict[int, int]:
