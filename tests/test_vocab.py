@@ -181,3 +181,22 @@ def test_a_draft_vocabulary_reads_the_head_rows_through_a_packed_head():
     torch.testing.assert_close(got, want)
     got.sum().backward()
     assert hidden.grad is not None and torch.isfinite(hidden.grad).all()
+
+
+def test_draft_head_rows_built_during_validation_serve_the_training_steps_after_it():
+    """Lightning validates under inference_mode: the cached slice of the head must not be an inference
+    tensor, or the next training step fails (a fit with a validation every N steps)."""
+    head = torch.nn.Linear(64, 2048, bias=False).requires_grad_(False)
+    drafter = DFlashDrafter(
+        replace(tiny_drafter(tiny_target()).config, hidden_size=64, draft_vocab_size=1024)
+    )
+    ids = torch.arange(0, 2048, 2)
+    drafter.draft_ids.copy_(ids)
+    hidden = torch.randn(4, 64, requires_grad=True)
+    with torch.inference_mode():
+        first = drafter.logits(hidden.detach(), head)
+    got = drafter.logits(hidden, head)  # the same cached slice, now with gradients
+    got.square().sum().backward()
+    torch.testing.assert_close(got.detach(), first)
+    torch.testing.assert_close(got.detach(), head(hidden.detach())[:, ids])
+    assert hidden.grad is not None and torch.isfinite(hidden.grad).all()

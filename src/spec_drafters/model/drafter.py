@@ -275,9 +275,13 @@ class DFlashDrafter(nn.Module):
         w = lm_head.weight
         key = (self.draft_ids.data_ptr(), self.draft_ids._version, w.data_ptr(), w.dtype, w.device)
         if self._head_rows is None or self._head_rows[0] != key:
-            rows = nn.Linear(w.shape[1], len(self.draft_ids), bias=False, device="meta")
-            rows.weight = nn.Parameter(w.detach().index_select(0, self.draft_ids.to(w.device)), False)
-            packed = kernels.PackedLinear(rows) if kernels.available() and kernels.packable(rows) else None
+            # Built as normal tensors even under inference_mode (validation): a cached inference
+            # tensor could not be used by the training steps that follow (autograd refuses it).
+            with torch.inference_mode(False):
+                rows = nn.Linear(w.shape[1], len(self.draft_ids), bias=False, device="meta")
+                rows.weight = nn.Parameter(w.detach().index_select(0, self.draft_ids.to(w.device)), False)
+                packable = kernels.available() and kernels.packable(rows)
+                packed = kernels.PackedLinear(rows) if packable else None
             self._head_rows = (key, rows, packed)
         _, rows, packed = self._head_rows
         return rows(hidden) if packed is None or torch.is_grad_enabled() else packed(hidden)
