@@ -32,6 +32,12 @@ demo: $(STAMP)
 	@echo
 	@echo "== untrained vs trained drafter on the embedded target (teacher-forced val/*, real decoding decode/*) =="
 	$(BIN)/spec-drafters compare $(RUN)/untrained.json $(RUN)/trained.json
+	@if [ -f $(REF_DRAFTER)/config.json ]; then \
+		$(BIN)/spec-drafters validate --config $(REF_CONFIG) --config configs/reference_eval.yaml \
+			--results $(RUN)/reference.json && echo && \
+		echo "== the demo's drafter vs the shipped reference drafter ($(REF_DRAFTER), make reference) ==" && \
+		$(BIN)/spec-drafters compare $(RUN)/trained.json $(RUN)/reference.json; \
+	else echo "no shipped reference drafter in $(REF_DRAFTER) yet (make reference builds it)"; fi
 
 # After `make demo`: the demo's drafter under every verifier (chain, DDTree B=8/32/128, prompt lookup).
 verifiers: $(STAMP)
