@@ -5,16 +5,29 @@ prompts x 64 new tokens by default, batch size 1), then prints per decoder: tau 
 per-prompt means and pooled, tokens/s, speedup over plain greedy decoding measured in the same run,
 and how many outputs equal plain greedy's token for token.
 
+The prompts run in ``--parts`` pieces, each its own process writing its per-prompt rows
+(``<out>/<name>/part-XX-of-PP.jsonl``): run the same command again and only the missing pieces run
+(a single process over all 164 prompts takes hours on 2 CPU cores). ``--workers 2`` runs two pieces
+at a time, one thread each: every prompt's speedup is its own decoders against its own greedy run,
+timed back to back in one process, so the summary compares like with like. With ``--cost_model``
+the adaptive-budget DDTree (``adaptive_ddtree``, max budget 64) decodes too.
+
     python benchmarks/humaneval_decoding.py --config configs/quickstart.yaml \\
         --ckpt_path runs/quickstart/checkpoints/last.ckpt [--num_prompts 164] [--name demo]
+    python benchmarks/humaneval_decoding.py --config configs/reference_smollm2.yaml \\
+        --config configs/reference_eval.yaml --name reference --workers 2 --cost_model runs/cost.json
+
+Arguments it does not know (``--model.*``, ``--data.*``) are passed on to ``spec-drafters validate``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from common import record
@@ -26,63 +39,127 @@ DECODERS = {
     "_ddtree_b16": "ddtree B=16",
     "_ddtree_b32": "ddtree B=32",
     "_ddtree_b64": "ddtree B=64",
+    "_adaptive_ddtree_b64": "adaptive B<=64",
     "_prompt_lookup": "prompt lookup",
 }
+KEYS = ("new_tokens", "rounds", "committed", "tau", "seconds", "tokens_per_s", "speedup", "lossless")
+GREEDY = ("greedy_tokens", "greedy_seconds", "greedy_tokens_per_s")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--config", required=True, help="the drafter's config")
-    ap.add_argument("--ckpt_path", help="a Lightning checkpoint of that config")
-    ap.add_argument("--init_from", help="or a drafter folder (e.g. registry/drafters/...)")
-    ap.add_argument("--num_prompts", type=int, default=164)
-    ap.add_argument("--name", default="drafter", help="a label for the results line")
-    ap.add_argument("--out", default=str(ROOT / "runs" / "humaneval_decoding"))
-    args = ap.parse_args()
-    out = Path(args.out) / f"{args.name}.json"
-    cmd = [
-        sys.executable,
-        "-m",
-        "spec_drafters.cli.main",
-        "validate",
-        "--config",
-        args.config,
-        "--config",
-        str(ROOT / "configs" / "bench_humaneval.yaml"),
-        "--trainer.callbacks.prompts.init_args.num_prompts",
-        str(args.num_prompts),
-        "--results",
-        str(out),
-    ]
+def overlay(folder: Path, cost_model: str | None) -> Path:
+    """configs/bench_humaneval.yaml, plus the adaptive verifier when a cost model is given."""
+    import yaml
+
+    cfg = yaml.safe_load((ROOT / "configs" / "bench_humaneval.yaml").read_text())
+    if cost_model:
+        callback = cfg["trainer"]["callbacks"][0]["init_args"]
+        callback["verifiers"].append(
+            {"class_path": "AdaptiveDDTree", "init_args": {"cost_model": str(Path(cost_model).resolve())}}
+        )
+    path = folder / "overlay.yaml"
+    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
+    return path
+
+
+def part_command(args, folder: Path, config: Path, part: int) -> tuple[list[str], Path]:
+    rows = folder / f"part-{part:02d}-of-{args.parts:02d}.jsonl"
+    cmd = [sys.executable, "-m", "spec_drafters.cli.main", "validate"]
+    cmd += [a for c in args.config for a in ("--config", c)] + args.extra
+    cmd += ["--config", str(config), "--results", str(rows.with_suffix(".json"))]
+    cmd += ["--trainer.callbacks.prompts.init_args.num_prompts", str(args.num_prompts)]
+    cmd += ["--trainer.callbacks.prompts.init_args.part", str(part)]
+    cmd += ["--trainer.callbacks.prompts.init_args.parts", str(args.parts)]
+    cmd += ["--trainer.callbacks.output", str(rows)]
     if args.ckpt_path:
         cmd += ["--ckpt_path", args.ckpt_path]
     if args.init_from:
         cmd += ["--model.init_from", args.init_from]
-    subprocess.run(cmd, check=True, cwd=ROOT)
-    m = json.loads(out.read_text())["metrics"]
-    prompts = int(m["decode/prompts"])
-    rows = []
+    return cmd, rows
+
+
+def run_parts(args, folder: Path, config: Path) -> None:
+    """Runs the missing parts, ``args.workers`` at a time (each with cores // workers threads)."""
+    todo = []
+    for part in range(args.parts):
+        cmd, rows = part_command(args, folder, config, part)
+        if not rows.is_file():
+            todo.append((part, cmd))
+    threads = str(max(1, (os.cpu_count() or 1) // args.workers))
+    env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+    running: list[tuple[int, subprocess.Popen]] = []
+    while todo or running:
+        while todo and len(running) < args.workers:
+            part, cmd = todo.pop(0)
+            log = open(folder / f"part-{part:02d}-of-{args.parts:02d}.log", "w")  # noqa: SIM115
+            print(f"part {part + 1}/{args.parts}: started", flush=True)
+            running.append((part, subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=log)))
+        time.sleep(2)
+        for part, proc in list(running):
+            if proc.poll() is not None:
+                running.remove((part, proc))
+                if proc.returncode != 0:
+                    raise SystemExit(f"part {part} failed (exit {proc.returncode}): see its .log in {folder}")
+                print(f"part {part + 1}/{args.parts}: done", flush=True)
+
+
+def merged_rows(args, folder: Path) -> list[dict]:
+    out = []
+    for part in range(args.parts):
+        rows = folder / f"part-{part:02d}-of-{args.parts:02d}.jsonl"
+        out += [json.loads(line) for line in rows.read_text().splitlines() if line.strip()]
+    if len(out) != args.num_prompts:
+        raise SystemExit(f"{folder}: {len(out)} prompt rows for {args.num_prompts} prompts")
+    return out
+
+
+def summaries(prompt_rows: list[dict]) -> list[dict]:
+    """One summary per decoder over all prompts (decode/summary.py's rule)."""
+    from spec_drafters.decode.summary import summarize
+
+    out = []
     for suffix, label in DECODERS.items():
-        if f"decode/tau{suffix}" not in m:
+        if f"tau{suffix}" not in prompt_rows[0]:
             continue
-        rows.append(
+        per = [{**{k: r[k] for k in GREEDY}, **{k: r[f"{k}{suffix}"] for k in KEYS}} for r in prompt_rows]
+        s = summarize(per)
+        out.append(
             {
                 "decoder": label,
-                "tau": m[f"decode/tau{suffix}"],
-                "tau_pooled": m.get(f"decode/tau_pooled{suffix}"),
-                "tokens_per_s": m[f"decode/tokens_per_s{suffix}"],
-                "speedup": m[f"decode/speedup{suffix}"],
-                "lossless": round(m[f"decode/lossless{suffix}"] * prompts),
+                "tau": s["tau"],
+                "tau_pooled": s["tau_pooled"],
+                "tokens_per_s": s["tokens_per_s"],
+                "speedup": s["speedup"],
+                "lossless": round(s["lossless"] * s["prompts"]),
+                "greedy_tokens_per_s": s["greedy_tokens_per_s"],
             }
         )
-    greedy = m["decode/greedy_tokens_per_s"]
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--config", required=True, action="append", help="the drafter's config (repeatable)")
+    ap.add_argument("--ckpt_path", help="a Lightning checkpoint of that config")
+    ap.add_argument("--init_from", help="or a drafter folder (e.g. registry/drafters/...)")
+    ap.add_argument("--num_prompts", type=int, default=164)
+    ap.add_argument("--parts", type=int, default=8, help="pieces the prompts run in (resumable)")
+    ap.add_argument("--workers", type=int, default=1, help="pieces running at a time")
+    ap.add_argument("--cost_model", help="a spec-drafters cost-model JSON: adds the adaptive DDTree")
+    ap.add_argument("--name", default="drafter", help="a label for the results line")
+    ap.add_argument("--out", default=str(ROOT / "runs" / "humaneval_decoding"))
+    args, args.extra = ap.parse_known_args()  # the rest (--model.*, --data.*) goes to validate
+    folder = Path(args.out) / args.name
+    folder.mkdir(parents=True, exist_ok=True)
+    run_parts(args, folder, overlay(folder, args.cost_model))
+    rows = summaries(merged_rows(args, folder))
+    prompts = args.num_prompts
+    greedy = sum(r["greedy_tokens_per_s"] for r in rows) / len(rows)  # the same greedy runs for all
     print(f"{prompts} HumanEval prompts; plain greedy {greedy:.2f} tokens/s")
-    print(f"{'decoder':<14} {'tau':>6} {'pooled':>7} {'tok/s':>7} {'speedup':>8} {'lossless':>9}")
+    print(f"{'decoder':<15} {'tau':>6} {'pooled':>7} {'tok/s':>7} {'speedup':>8} {'lossless':>9}")
     for r in rows:
-        pooled = f"{r['tau_pooled']:>7.3f}" if r["tau_pooled"] is not None else f"{'-':>7}"
         print(
-            f"{r['decoder']:<14} {r['tau']:>6.3f} {pooled} {r['tokens_per_s']:>7.2f} {r['speedup']:>7.2f}x "
-            f"{r['lossless']:>5}/{prompts}"
+            f"{r['decoder']:<15} {r['tau']:>6.3f} {r['tau_pooled']:>7.3f} {r['tokens_per_s']:>7.2f} "
+            f"{r['speedup']:>7.2f}x {r['lossless']:>5}/{prompts}"
         )
     best = max(rows, key=lambda r: r["speedup"])
     record(
@@ -91,6 +168,8 @@ def main() -> None:
         {
             "name": args.name,
             "prompts": prompts,
+            "parts": args.parts,
+            "workers": args.workers,
             "greedy_tokens_per_s": greedy,
             "best": best["decoder"],
             "best_speedup": best["speedup"],

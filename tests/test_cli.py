@@ -176,6 +176,18 @@ def test_validate_runs_real_speculative_decoding_on_humaneval_prompts(fitted, tm
     assert len(per_prompt) == 3 and all(0 < r["new_tokens"] <= 16 for r in per_prompt)
     assert all(sum(r["accept_lengths"]) + 1 >= r["new_tokens"] for r in per_prompt)
     assert all(r["rounds_prompt_lookup"] >= 1 for r in per_prompt)
+    # Without a logger, an absolute output path still gets the rows; part 1 of 2 is prompts 1 and 2.
+    main(
+        ["validate", "--config", TINY, "--ckpt_path", str(ckpt), "--trainer.precision", "64-true",
+         "--trainer.logger", "false", "--results", str(tmp_path / "part.json"),
+         "--trainer.callbacks+=SpeculativeDecodingEval", "--trainer.callbacks.max_new_tokens", "16",
+         "--trainer.callbacks.prompts", "HumanEvalPrompts", "--trainer.callbacks.prompts.num_prompts", "3",
+         "--trainer.callbacks.prompts.part", "1", "--trainer.callbacks.prompts.parts", "2",
+         "--trainer.callbacks.output", str(tmp_path / "part.jsonl")]
+    )  # fmt: skip
+    part = [json.loads(line) for line in (tmp_path / "part.jsonl").read_text().splitlines()]
+    assert [r["prompt_tokens"] for r in part] == [r["prompt_tokens"] for r in per_prompt[1:]]
+    assert [r["greedy_tokens"] for r in part] == [r["greedy_tokens"] for r in per_prompt[1:]]
 
 
 def test_generate_decodes_prompts_with_the_chosen_verifier(fitted, tmp_path, capsys):

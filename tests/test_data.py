@@ -58,3 +58,15 @@ def test_prompt_files_name_the_bad_line(tmp_path):
     bad.write_text('{"prompt": "a"}\n{"response": "no prompt"}\n')
     with pytest.raises(ValueError, match=r"bad.jsonl:2: a prompt record needs"):
         JsonlPrompts(str(bad)).prompts()
+
+
+def test_humaneval_parts_cut_the_chosen_prompts_in_order():
+    from spec_drafters.data.prompts import HumanEvalPrompts
+
+    whole = HumanEvalPrompts(10).prompts()
+    pieces = [HumanEvalPrompts(10, part=i, parts=3) for i in range(3)]
+    assert [p.count for p in pieces] == [3, 3, 4] and [p.first for p in pieces] == [0, 3, 6]
+    assert [t for p in pieces for t in p.prompts()] == whole
+    for part, parts in ((3, 3), (-1, 2), (0, 11)):
+        with pytest.raises(ValueError, match="part < parts <= num_prompts"):
+            HumanEvalPrompts(10, part=part, parts=parts)

@@ -20,19 +20,34 @@ class HumanEvalPrompts(PromptSet):
 
     Args:
         num_prompts: how many problems, taken evenly spaced over the 164 so that easy and hard ones mix.
+        part: with ``parts`` > 1, only this contiguous share (0-based) of those prompts: a long
+            evaluation run as resumable pieces (benchmarks/humaneval_decoding.py).
+        parts: how many shares the prompts are cut into.
     """
 
-    def __init__(self, num_prompts: int = 164):
+    def __init__(self, num_prompts: int = 164, part: int = 0, parts: int = 1):
         if not 1 <= num_prompts <= 164:
             raise ValueError(f"num_prompts must be in 1..164, got {num_prompts}")
-        self.num_prompts = num_prompts
+        if not 1 <= parts <= num_prompts or not 0 <= part < parts:
+            raise ValueError(f"need 0 <= part < parts <= num_prompts, got part {part} of {parts}")
+        self.num_prompts, self.part, self.parts = num_prompts, part, parts
 
     def prompts(self) -> list[str]:
         from spec_drafters.data.corpus import humaneval_problems
 
         problems = humaneval_problems()
         step = len(problems) / self.num_prompts
-        return [problems[int(i * step)]["prompt"] for i in range(self.num_prompts)]
+        chosen = [problems[int(i * step)]["prompt"] for i in range(self.num_prompts)]
+        return chosen[self.first : self.first + self.count]
+
+    @property
+    def first(self) -> int:
+        """The index (among the ``num_prompts``) of this part's first prompt."""
+        return self.part * self.num_prompts // self.parts
+
+    @property
+    def count(self) -> int:
+        return (self.part + 1) * self.num_prompts // self.parts - self.first
 
 
 @register("prompts", "jsonl")

@@ -75,7 +75,8 @@ class SpeculativeDecodingEval(pl.Callback):
         prompt_lookup_tokens: also run transformers' prompt-lookup decoding with this many draft
             tokens per round (null: skip).
         during_fit: also run at the end of every validation inside ``fit`` (slow on CPU).
-        output: per-prompt results (JSONL) written into the logger's folder; null to skip.
+        output: per-prompt results (JSONL): a path relative to the logger's folder (skipped without a
+            logger), or an absolute path (written with or without one); null to skip.
     """
 
     def __init__(
@@ -147,8 +148,10 @@ class SpeculativeDecodingEval(pl.Callback):
         for key, value in self.last.items():
             module.log(key, value, rank_zero_only=True)
         log_dir = trainer.log_dir
-        if self.output and log_dir:
-            path = Path(log_dir) / self.output
+        path = None if not self.output else Path(self.output)
+        if path is not None and not path.is_absolute():
+            path = Path(log_dir) / path if log_dir else None
+        if path is not None:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text("".join(json.dumps(r) + "\n" for r in rows))
             rank_zero_info(f"per-prompt decoding results: {path}")
