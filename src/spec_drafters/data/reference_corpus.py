@@ -162,7 +162,7 @@ def assemble(parts: list[Path], out: Path) -> dict:
                     dst.write(line)
                     n += 1
     os.replace(tmp, out)
-    return {"records": n, "sha256": digest.hexdigest(), "file": str(out)}
+    return {"records": n, "sha256": digest.hexdigest(), "file": out.name}  # beside manifest.json
 
 
 def mix(answers: Path, source: Path | None, source_records: int, out: Path) -> dict:
