@@ -71,6 +71,7 @@ REQUIRED = {
         "coefficients": [0.1, 0.9],
     },
     "FrequentTokens": {"counts": "/nonexistent/counts.json"},
+    "FolderVocab": {"path": "/nonexistent/drafter"},
 }
 
 

@@ -173,7 +173,8 @@ INTENDED_TAPS = {
     "twins/dflash_v6.yaml": (TWIN_TAPS, TWIN_TAPS),
     "twins/experiment_ddtree.yaml": (TWIN_TAPS, TWIN_TAPS),
 }
-OVERLAYS = {"verify_humaneval.yaml", "bench_humaneval.yaml"}  # no model of their own: read over another
+# no model of their own: read over another
+OVERLAYS = {"verify_humaneval.yaml", "bench_humaneval.yaml", "reference_eval.yaml"}
 
 
 def test_humaneval_benchmark_overlay_decodes_all_164_prompts_with_every_budget():
@@ -206,6 +207,29 @@ def test_reference_config_drafts_over_its_draft_vocabulary_and_selects_on_held_o
     assert [(c.monitor, c.mode) for c in best] == [("val/tau", "max")]  # held-out stdlib, not HumanEval
 
 
+def test_reference_eval_overlay_evaluates_the_folder_as_committed(tmp_path):
+    """configs/reference_eval.yaml over the training config: the drafter's weights and its draft
+    vocabulary both come from the folder (here one exported from the reference config with its own
+    vocabulary), no counts file, and decoding runs chain + DDTree B=32 + prompt lookup."""
+    from spec_drafters.artefacts.folders import folder_from_module, write_folder
+
+    trained = reference(tmp_path).model
+    with torch.no_grad():
+        trained.drafter.fc.weight.normal_()  # weights the untrained config would not have
+    folder = write_folder(folder_from_module(trained), tmp_path / "drafter", "spec_drafters")
+    overlay = ["--config", str(CONFIGS / "reference_eval.yaml"), "--model.init_from", str(folder)]
+    overlay += ["--model.draft_vocab.init_args.path", str(folder)]
+    cli = instantiate("validate", "--config", str(CONFIGS / "reference_smollm2.yaml"), *overlay)
+    model = cli.model
+    assert model.describe()["components"]["draft_vocab"] == "from_folder"
+    assert torch.equal(model.drafter.draft_ids, trained.drafter.draft_ids)
+    assert torch.equal(model.drafter.fc.weight, trained.drafter.fc.weight)
+    (callback,) = cli.trainer.callbacks
+    assert callback.prompts.num_prompts == 4 and callback.max_new_tokens == 64
+    assert [v.budget for v in callback.verifiers] == [32] and callback.prompt_lookup_tokens == 7
+    assert cli.config["validate"]["data"]["path"] == "data/reference/answers/corpus.jsonl.gz"
+
+
 def test_every_shipped_config_taps_the_layers_its_comments_name(seeds, twins, tmp_path):
     models = {f"{n}.yaml": cli.model for n, cli in seeds.items()}
     models |= {f"twins/{n}.yaml": cli.model for n, cli in twins.items()}
@@ -232,7 +256,7 @@ def test_every_yaml_is_covered():
     covered |= {"quickstart.yaml", "presets/train_8x_blackwell_fsdp.yaml", "presets/eval_2x_a6000.yaml"}
     covered |= {"presets/cpu_twin.yaml", "verify_humaneval.yaml", "presets/train_multinode_fsdp2.yaml"}
     covered |= {"presets/fsdp2_cpu.yaml"}  # run by tests/test_fsdp2.py
-    covered |= {"reference_smollm2.yaml", "bench_humaneval.yaml"}
+    covered |= {"reference_smollm2.yaml", "bench_humaneval.yaml", "reference_eval.yaml"}
     covered |= {f"ablation/{p.name}" for p in (CONFIGS / "ablation").glob("*.yaml")}  # test_ablation_recipes
     assert shipped == covered, shipped ^ covered
 
