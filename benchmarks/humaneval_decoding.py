@@ -6,8 +6,12 @@ per-prompt means and pooled, tokens/s, speedup over plain greedy decoding measur
 and how many outputs equal plain greedy's token for token.
 
 The prompts run in ``--parts`` pieces, each its own process writing its per-prompt rows
-(``<out>/<name>/part-XX-of-PP.jsonl``): run the same command again and only the missing pieces run
-(a single process over all 164 prompts takes hours on 2 CPU cores). ``--workers 2`` runs two pieces
+(``<out>/<name>/part-XX-of-PP.jsonl``, by default under ``benchmarks/results/humaneval_decoding/``,
+committed): run the same command again, on this machine or a fresh clone, and only the missing pieces
+run (a single process over all 164 prompts takes hours on 2 CPU cores, more than one session here).
+``<out>/<name>/drafter.json`` holds the sha256 of the drafter the pieces measured (the folder's
+weights or the checkpoint) and the command's decoding settings; a rerun with another drafter or other
+settings under the same name is refused rather than merged. ``--workers 2`` runs two pieces
 at a time, one thread each: every prompt's speedup is its own decoders against its own greedy run,
 timed back to back in one process, so the summary compares like with like. With ``--cost_model``
 the adaptive-budget DDTree (``adaptive_ddtree``, max budget 64) decodes too.
@@ -75,6 +79,69 @@ def part_command(args, folder: Path, config: Path, part: int) -> tuple[list[str]
     if args.init_from:
         cmd += ["--model.init_from", args.init_from]
     return cmd, rows
+
+
+def _option(argv: list[str], name: str) -> str | None:
+    """The value of ``name`` in an argument list (``--x v`` or ``--x=v``), the last one winning."""
+    value = None
+    for i, a in enumerate(argv):
+        if a == name and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif a.startswith(name + "="):
+            value = a.split("=", 1)[1]
+    return value
+
+
+def _config_init_from(configs: list[str]) -> str | None:
+    import yaml
+
+    value = None
+    for c in configs:  # later configs override earlier ones, as in validate
+        model = (yaml.safe_load(Path(c).read_text()) or {}).get("model") or {}
+        value = model.get("init_from", value)
+    return value
+
+
+def drafter_identity(args) -> dict:
+    """What the pieces under one name must share: the drafter's weights (sha256) and the settings."""
+    import hashlib
+
+    weights = Path(args.ckpt_path) if args.ckpt_path else None
+    folder = args.init_from or _option(args.extra, "--model.init_from") or _config_init_from(args.config)
+    if weights is None and folder is not None:
+        weights = ROOT / folder / "model.safetensors"
+    digest = None
+    if weights is not None and weights.is_file():
+        h = hashlib.sha256()
+        with open(weights, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 20), b""):
+                h.update(chunk)
+        digest = h.hexdigest()
+    return {
+        "weights": os.path.relpath(weights, ROOT) if weights else None,
+        "sha256": digest,
+        "config": args.config,
+        "extra": args.extra,
+        "num_prompts": args.num_prompts,
+        "parts": args.parts,
+        "cost_model": bool(args.cost_model),
+    }
+
+
+def check_identity(args, folder: Path) -> None:
+    """Refuses to add pieces measured with another drafter or settings to a name's folder."""
+    mine = drafter_identity(args)
+    file = folder / "drafter.json"
+    if file.is_file():
+        theirs = json.loads(file.read_text())
+        if theirs != mine:
+            diff = sorted(k for k in mine if theirs.get(k) != mine[k])
+            raise SystemExit(
+                f"{folder} holds pieces of another run (differs in {', '.join(diff)}): "
+                "use another --name, or delete the folder to measure again"
+            )
+    else:
+        file.write_text(json.dumps(mine, indent=1) + "\n")
 
 
 def run_parts(args, folder: Path, config: Path) -> None:
@@ -146,10 +213,11 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=1, help="pieces running at a time")
     ap.add_argument("--cost_model", help="a spec-drafters cost-model JSON: adds the adaptive DDTree")
     ap.add_argument("--name", default="drafter", help="a label for the results line")
-    ap.add_argument("--out", default=str(ROOT / "runs" / "humaneval_decoding"))
+    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "humaneval_decoding"))
     args, args.extra = ap.parse_known_args()  # the rest (--model.*, --data.*) goes to validate
     folder = Path(args.out) / args.name
     folder.mkdir(parents=True, exist_ok=True)
+    check_identity(args, folder)
     run_parts(args, folder, overlay(folder, args.cost_model))
     rows = summaries(merged_rows(args, folder))
     prompts = args.num_prompts

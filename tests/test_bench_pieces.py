@@ -1,0 +1,60 @@
+"""benchmarks/humaneval_decoding.py keeps its pieces under one name only for one drafter and one set of
+settings: pieces of two drafters must never be merged into one table."""
+
+import argparse
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def bench():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import humaneval_decoding
+
+        yield humaneval_decoding
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+
+def args(folder: Path, **kw) -> argparse.Namespace:
+    base = {
+        "config": ["configs/reference_smollm2.yaml"],
+        "extra": ["--model.init_from", str(folder)],
+        "ckpt_path": None,
+        "init_from": None,
+        "num_prompts": 164,
+        "parts": 8,
+        "cost_model": None,
+    }
+    return argparse.Namespace(**(base | kw))
+
+
+def test_pieces_of_another_drafter_or_setting_are_refused(bench, tmp_path):
+    drafter = tmp_path / "drafter"
+    drafter.mkdir()
+    (drafter / "model.safetensors").write_bytes(b"weights one")
+    out = tmp_path / "pieces"
+    out.mkdir()
+    bench.check_identity(args(drafter), out)
+    first = (out / "drafter.json").read_text()
+    bench.check_identity(args(drafter), out)  # the same drafter and settings continue
+    assert (out / "drafter.json").read_text() == first
+    with pytest.raises(SystemExit, match="differs in num_prompts"):
+        bench.check_identity(args(drafter, num_prompts=4), out)
+    (drafter / "model.safetensors").write_bytes(b"weights two")  # retrained in place
+    with pytest.raises(SystemExit, match="differs in sha256"):
+        bench.check_identity(args(drafter), out)
+
+
+def test_the_drafter_is_found_where_validate_would_take_it(bench, tmp_path):
+    config = tmp_path / "overlay.yaml"
+    config.write_text("model:\n  init_from: registry/drafters/x\n")
+    found = bench.drafter_identity(args(tmp_path, config=[str(config)], extra=[]))
+    assert found["weights"] == "registry/drafters/x/model.safetensors" and found["sha256"] is None
+    later = bench.drafter_identity(args(tmp_path, config=[str(config)], extra=["--model.init_from=a/b"]))
+    assert later["weights"] == "a/b/model.safetensors"  # the command line beats the config
