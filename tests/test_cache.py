@@ -48,6 +48,12 @@ def test_online_and_offline_losses_match(setup, tmp_path):
     assert len(index["shards"]) == 3 and index["meta"]["label_layers"] == [3]
     cached = CachedRecords(tmp_path)
     assert len(cached) == len(train)
+    lengths = [len(ex.input_ids) for ex in train]
+    assert lengths[:7] != sorted(lengths[:7])  # the builder batches a shard by length...
+    for i, ex in enumerate(train):  # ...and stores every record in the data's order, with its features
+        assert cached[i]["input_ids"].tolist() == ex.input_ids
+        solo = module.feature_spec()(collate([ex])["input_ids"], collate([ex])["attention_mask"])
+        torch.testing.assert_close(cached[i]["features"], solo.clean[0], rtol=1e-5, atol=1e-5)
     online = loss_of(module, collate(train[:4]))
     offline = loss_of(module, collate_cached([cached[i] for i in range(4)]))
     torch.testing.assert_close(offline, online, rtol=1e-5, atol=1e-5)

@@ -189,20 +189,27 @@ def _write_shard(spec: FeatureSpec, chunk: list, file: Path, store: torch.dtype,
     """Runs the target over one shard's records and writes it atomically; returns its index entry."""
     from spec_drafters.data.records import collate
 
-    parts: dict[str, list[torch.Tensor]] = {k: [] for k in CachedRecords.FIELDS}
-    for b in range(0, len(chunk), batch_size):
-        group = chunk[b : b + batch_size]
+    # Batches of records of similar length (the shard's records stay in their order on disk): padded
+    # to each batch's longest, the corpus's own order wasted ~1.66x the tokens on padding, sorted ~1.11x.
+    order = sorted(range(len(chunk)), key=lambda i: (len(chunk[i].input_ids), i))
+    rows: dict[int, dict[str, torch.Tensor]] = {}
+    for b in range(0, len(order), batch_size):
+        idx = order[b : b + batch_size]
+        group = [chunk[i] for i in idx]
         batch = collate(group)
         feats = spec(batch["input_ids"], batch["attention_mask"])  # what online training computes
         labels = feats.labels.masked_fill(~feats.label_ok, -1).to(torch.int32)  # (b, S)
-        for i, ex in enumerate(group):
+        for j, (i, ex) in enumerate(zip(idx, group, strict=True)):
             n = len(ex.input_ids)
-            parts["input_ids"].append(torch.tensor(ex.input_ids))
-            parts["loss_mask"].append(torch.tensor(ex.loss_mask))
-            parts["features"].append(feats.clean[i, :n].to(store))
-            parts["labels"].append(labels[i, :n])
+            rows[i] = {
+                "input_ids": torch.tensor(ex.input_ids),
+                "loss_mask": torch.tensor(ex.loss_mask),
+                "features": feats.clean[j, :n].to(store),
+                "labels": labels[j, :n],
+            }
             if spec.soft:
-                parts["label_hidden"].append(feats.hidden[i, :n].to(store))
+                rows[i]["label_hidden"] = feats.hidden[j, :n].to(store)
+    parts = {k: [rows[i][k] for i in range(len(chunk))] for k in CachedRecords.FIELDS if k in rows[0]}
     lengths = torch.tensor([len(ex.input_ids) for ex in chunk])
     tensors = {k: torch.cat(v).contiguous() for k, v in parts.items() if v}
     tensors["offsets"] = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
