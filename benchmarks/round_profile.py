@@ -48,10 +48,12 @@ def build(args):
     loaded = EmbeddedSmolLM2().load()
     target = FrozenTarget(loaded.model, TAPS)
     if args.ckpt:
-        from spec_drafters.artefacts.folders import read_folder
+        from spec_drafters.artefacts.folders import build_drafter, read_folder
 
         folder = read_folder(args.ckpt, num_target_layers=target.num_layers)
-        drafter, fc_ids = folder.drafter.eval(), folder.fc_ids
+        target = FrozenTarget(loaded.model, folder.fc_ids)
+        # fp32 as decoding runs it (a folder may store bf16; --model.init_from loads it into fp32)
+        drafter, fc_ids = build_drafter(folder).float().eval(), folder.fc_ids
     else:
         cfg = DrafterConfig(num_layers=2, block_size=args.block_size, attention="split").resolved(
             loaded.model.config, len(TAPS), loaded.card.mask_token_id, DFlashBlockMask().per_layer(2)

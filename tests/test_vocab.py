@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import tiny_drafter, tiny_target
-from spec_drafters.artefacts.folders import folder_from_module, read_folder, write_folder
+from spec_drafters.artefacts.folders import build_drafter, folder_from_module, read_folder, write_folder
 from spec_drafters.decode.generate import greedy_generate, speculative_generate
 from spec_drafters.decode.verifiers import DDTree, GreedyChain
 from spec_drafters.lightning.module import DFlashModule
@@ -137,6 +137,21 @@ def test_spec_drafters_and_speculators_layouts_keep_the_mapping_zlab_refuses(voc
     assert int(weights["t2d"].sum()) == len(ids) and bool(weights["t2d"][ids].all())
     with pytest.raises(ValueError, match="z-lab layout has no draft vocabulary"):
         write_folder(folder, tmp_path / "zlab", "zlab")
+
+
+def test_build_drafter_reads_a_bf16_folder_with_a_draft_vocabulary(vocab_module, tmp_path):
+    """A shipped folder (bf16, as `export --dtype bfloat16` writes) holds the int64 draft_ids beside the
+    weights: the drafter keeps the weights' precision and the mapping (it once took draft_ids' dtype)."""
+    module, _ = vocab_module
+    folder = folder_from_module(module)
+    folder.state = {k: v.bfloat16() if v.is_floating_point() else v for k, v in folder.state.items()}
+    drafter = build_drafter(read_folder(write_folder(folder, tmp_path / "bf16"), num_target_layers=6))
+    assert drafter.fc.weight.dtype == torch.bfloat16 and drafter.draft_ids.dtype == torch.long
+    assert torch.equal(drafter.draft_ids, module.drafter.draft_ids)
+    for key, value in module.drafter.state_dict().items():
+        assert torch.equal(
+            drafter.state_dict()[key], value.bfloat16() if value.is_floating_point() else value
+        ), key
 
 
 def test_a_folder_vocabulary_is_the_one_it_was_trained_with(vocab_module, tmp_path):

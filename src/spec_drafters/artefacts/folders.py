@@ -297,8 +297,9 @@ def _parse_folder(
 def build_drafter(folder: DrafterFolder) -> DFlashDrafter:
     """A DFlashDrafter holding the folder's weights; every key must match (strict)."""
     drafter = DFlashDrafter(folder.config)
-    if folder.state:  # keep the stored precision
-        drafter.to(next(iter(folder.state.values())).dtype)
+    floats = [t.dtype for t in folder.state.values() if t.is_floating_point()]  # not draft_ids (int64)
+    if floats:  # keep the stored precision
+        drafter.to(floats[0])
     missing, unexpected = drafter.load_state_dict(folder.state, strict=False)
     if missing or unexpected:
         raise KeyError(f"drafter weights do not match: missing {missing[:5]}, unexpected {unexpected[:5]}")
