@@ -4,10 +4,14 @@ Reads every ``metrics.csv`` under the run folder (a resumed stage writes a new l
 validated twice keeps its last value), and the offline cache's index for the mean tokens per training
 record. A validation logged at step s (0-based) follows s + 1 optimizer steps, so the tokens seen are
 (s + 1) x batch size x that mean (ThroughputMonitor's counts restart with every resumed process, so
-they cannot give it). Prints the table, writes the figure, appends the rows
-to results/tau_curve.jsonl and ends with one JSON line.
+they cannot give it). ``--validated`` adds validations rerun from the run's checkpoints by
+``spec-drafters validate --ckpt_path ... --results FILE`` (for example the last one, when a stage was
+stopped during its final validation): each counts after its checkpoint's ``global_step`` steps.
+Prints the table, writes the figure, appends the rows to results/tau_curve.jsonl and ends with one
+JSON line.
 
-    python benchmarks/tau_curve.py [--run runs/reference] [--cache runs/reference/cache] [--batch_size 8]
+    python benchmarks/tau_curve.py [--run runs/reference] [--cache runs/reference/cache] [--batch_size 8] \\
+        [--validated runs/reference/last_val.json]
 """
 
 from __future__ import annotations
@@ -33,6 +37,24 @@ def validations(run: Path) -> dict[int, dict[str, float]]:
             values = {k: float(v) for k, v in row.items() if k.startswith("val/") and v not in ("", None)}
             if values and row.get("step"):
                 out.setdefault(int(row["step"]), {}).update(values)
+    return out
+
+
+def rerun_validations(files: list[Path]) -> dict[int, dict[str, float]]:
+    """step (0-based, as the logger writes it) -> val/* of ``spec-drafters validate --results`` files."""
+    import torch
+
+    out: dict[int, dict[str, float]] = {}
+    for file in files:
+        result = json.loads(file.read_text())
+        ckpt = result.get("ckpt_path")
+        if not ckpt:
+            raise SystemExit(f"tau_curve: {file} names no --ckpt_path: its training step is unknown")
+        path = (
+            Path(ckpt) if Path(ckpt).is_file() else ROOT / ckpt
+        )  # as validate was run: here or from the root
+        step = torch.load(path, map_location="cpu", weights_only=False, mmap=True)["global_step"]
+        out[step - 1] = {k: float(v) for k, v in result["metrics"].items() if k.startswith("val/")}
     return out
 
 
@@ -67,9 +89,18 @@ def main() -> None:
     ap.add_argument("--cache", type=Path, default=ROOT / "runs" / "reference" / "cache")
     ap.add_argument("--batch_size", type=int, default=8, help="the run's --data.batch_size")
     ap.add_argument("--out", type=Path, default=RESULTS / "tau_curve.png")
+    ap.add_argument(
+        "--validated",
+        type=Path,
+        action="append",
+        default=[],
+        help="a validate --results JSON of a run checkpoint",
+    )
     args = ap.parse_args()
     per_record = tokens_per_record(args.cache)
     steps = validations(args.run)
+    for step, values in rerun_validations(args.validated).items():
+        steps.setdefault(step, {}).update(values)
     keys = sorted({k for v in steps.values() for k in v if k.startswith("val/tau") and "pooled" not in k})
     rows = [
         {"step": s + 1, "tokens_seen": (s + 1) * args.batch_size * per_record, **{k: v.get(k) for k in keys}}
