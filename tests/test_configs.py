@@ -306,3 +306,16 @@ def test_ablation_recipes():
             "fit", "--config", base, "--config", str(CONFIGS / "ablation" / f"{recipe}.yaml")
         ).model
         assert (model.fc_ids, model.target.tap_ids) == (fc, taps), recipe
+
+
+def test_reference_eval_reads_only_committed_files():
+    """make demo runs this overlay on a fresh clone: its data file and drafter folder must be in the
+    repository, not built by `make reference` (the joined corpus once was not, and the demo failed)."""
+    import yaml
+
+    root = Path(__file__).resolve().parent.parent
+    overlay = yaml.safe_load((root / "configs" / "reference_eval.yaml").read_text())
+    assert (root / overlay["data"]["path"]).is_file()
+    folder = root / overlay["model"]["init_from"]
+    assert (folder / "config.json").is_file() and (folder / "model.safetensors").is_file()
+    assert overlay["model"]["draft_vocab"]["init_args"]["path"] == overlay["model"]["init_from"]
