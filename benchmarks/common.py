@@ -66,3 +66,15 @@ def record(name: str, rows: list[dict], summary: dict) -> None:
     with open(RESULTS / f"{name}.jsonl", "a") as fh:
         fh.write(json.dumps(entry) + "\n")
     print(json.dumps(summary))
+
+
+def folder_drafter(path: str, model) -> tuple:
+    """(FrozenTarget tapping the folder's fc layers, the folder's drafter, its fc ids) for decoding.
+
+    The drafter is fp32, as decoding runs it: a folder may store bf16, and ``--model.init_from``
+    loads it into an fp32 module."""
+    from spec_drafters.artefacts.folders import build_drafter, read_folder
+    from spec_drafters.target.frozen import FrozenTarget
+
+    folder = read_folder(path, num_target_layers=model.config.num_hidden_layers)
+    return FrozenTarget(model, folder.fc_ids), build_drafter(folder).float().eval(), folder.fc_ids

@@ -1,13 +1,13 @@
 """Where a real speculative decode's time goes, with a trained drafter folder, against plain greedy.
 
 round_profile.py times each part of a round in isolation at a fixed context; this script decodes
-real HumanEval prompts end to end (``generate._greedy`` and ``generate._speculative``, the decoders'
-own loops, prepacked linears as they run by default) and adds up, per verifier, the wall time spent
-in the drafter's pass (``_draft_logits``), the drafter's context update (``ContextCache.append``),
-the verifier's proposal, the acceptance walk and the KV-cache bookkeeping. Everything else in the
-decode is the target's verify forward (and the prefill both decoders share). Every ratio is to the
-greedy step of the same run (greedy seconds / greedy tokens); the decodes of each prompt run back to
-back, and the outputs are checked against greedy's.
+real HumanEval prompts end to end (``generate.greedy_generate`` and ``speculative_generate``, with the
+prepacked linears they use by default, packed once before the first decode) and adds up, per
+verifier, the wall time spent in the drafter's pass (``_draft_logits``), the drafter's context
+update (``ContextCache.append``), the verifier's proposal, the acceptance walk and the KV-cache
+bookkeeping. Everything else in the decode is the target's verify forward (and the prefill both
+decoders share). Every ratio is to the greedy step of the same run (greedy seconds / greedy tokens);
+the decodes of each prompt run back to back, and the outputs are checked against greedy's.
 
     PYTHONPATH=src python benchmarks/decode_breakdown.py [--drafter registry/drafters/smollm2-reference] \\
         [--prompts 6] [--threads 1]
@@ -21,13 +21,12 @@ import time
 
 import torch
 
-from common import record
-from spec_drafters.artefacts.folders import build_drafter, read_folder
+from common import folder_drafter, record
 from spec_drafters.data.prompts import HumanEvalPrompts
 from spec_drafters.decode import generate
 from spec_drafters.decode.verifiers import DDTree, GreedyChain
 from spec_drafters.model.drafter import ContextCache
-from spec_drafters.target.frozen import FrozenTarget
+from spec_drafters.model.kernels import packed_linears
 from spec_drafters.target.loaders import EmbeddedSmolLM2
 
 PARTS = {  # label -> (owner, attribute) of the functions timed inside a speculative decode
@@ -41,10 +40,8 @@ PARTS = {  # label -> (owner, attribute) of the functions timed inside a specula
 @contextlib.contextmanager
 def timing(spent: dict[str, float], verifier):
     """Wraps the parts (and the verifier's propose) so their wall time adds up in ``spent``."""
-    owners = [(label, owner, name) for label, (owner, name) in PARTS.items()] + [
-        ("propose", verifier, "propose")
-    ]
-    originals = [(owner, name, getattr(owner, name)) for _, owner, name in owners]
+    parts = [*PARTS.items(), ("propose", (verifier, "propose"))]
+    originals = [(label, owner, name, getattr(owner, name)) for label, (owner, name) in parts]
 
     def timed(label, fn):
         def wrapper(*args, **kwargs):
@@ -57,11 +54,11 @@ def timing(spent: dict[str, float], verifier):
         return wrapper
 
     try:
-        for (label, owner, name), (_, _, fn) in zip(owners, originals, strict=True):
+        for label, owner, name, fn in originals:
             setattr(owner, name, timed(label, fn))
         yield
     finally:
-        for owner, name, fn in originals:
+        for _, owner, name, fn in originals:
             if owner is verifier:
                 delattr(owner, name)  # back to the class's method
             else:
@@ -78,22 +75,20 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     loaded = EmbeddedSmolLM2().load()
-    folder = read_folder(args.drafter, num_target_layers=loaded.model.config.num_hidden_layers)
-    target = FrozenTarget(loaded.model, folder.fc_ids)
-    drafter = build_drafter(folder).float().eval()  # fp32, as --model.init_from loads a bf16 folder
+    target, drafter, fc_ids = folder_drafter(args.drafter, loaded.model)
     eos = loaded.card.eos_token_ids
     prompts = [loaded.tokenizer.encode(t) for t in HumanEvalPrompts(num_prompts=args.prompts).prompts()]
     rows = []
-    with torch.no_grad(), generate._packed(target, drafter, enabled=True):
+    with torch.no_grad(), packed_linears(target, drafter):  # pack once, before any decode
         for verifier in (GreedyChain(), DDTree(budget=args.budget)):
             spent: dict[str, float] = {}
             greedy_s = spec_s = 0.0
             tokens = rounds = committed = lossless = 0
             for prompt in prompts:
-                plain = generate._greedy(target, prompt, args.max_new_tokens, eos)
+                plain = generate.greedy_generate(target, prompt, args.max_new_tokens, eos)
                 with timing(spent, verifier):
-                    spec = generate._speculative(
-                        target, drafter, folder.fc_ids, verifier, prompt, args.max_new_tokens, eos
+                    spec = generate.speculative_generate(
+                        target, drafter, fc_ids, verifier, prompt, args.max_new_tokens, eos
                     )
                 greedy_s, spec_s = greedy_s + plain.seconds, spec_s + spec.seconds
                 tokens, rounds, committed = (

@@ -29,7 +29,7 @@ import time
 
 import torch
 
-from common import record
+from common import folder_drafter, record
 from spec_drafters.data.prompts import HumanEvalPrompts
 from spec_drafters.decode import generate
 from spec_drafters.decode.generate import _positions, new_cache, tree_attention_mask
@@ -46,15 +46,10 @@ SETTINGS = ("plain", "packed")
 
 def build(args):
     loaded = EmbeddedSmolLM2().load()
-    target = FrozenTarget(loaded.model, TAPS)
     if args.ckpt:
-        from spec_drafters.artefacts.folders import build_drafter, read_folder
-
-        folder = read_folder(args.ckpt, num_target_layers=target.num_layers)
-        target = FrozenTarget(loaded.model, folder.fc_ids)
-        # fp32 as decoding runs it (a folder may store bf16; --model.init_from loads it into fp32)
-        drafter, fc_ids = build_drafter(folder).float().eval(), folder.fc_ids
+        target, drafter, fc_ids = folder_drafter(args.ckpt, loaded.model)
     else:
+        target = FrozenTarget(loaded.model, TAPS)
         cfg = DrafterConfig(num_layers=2, block_size=args.block_size, attention="split").resolved(
             loaded.model.config, len(TAPS), loaded.card.mask_token_id, DFlashBlockMask().per_layer(2)
         )

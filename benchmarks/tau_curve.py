@@ -50,9 +50,7 @@ def rerun_validations(files: list[Path]) -> dict[int, dict[str, float]]:
         ckpt = result.get("ckpt_path")
         if not ckpt:
             raise SystemExit(f"tau_curve: {file} names no --ckpt_path: its training step is unknown")
-        path = (
-            Path(ckpt) if Path(ckpt).is_file() else ROOT / ckpt
-        )  # as validate was run: here or from the root
+        path = Path(ckpt) if Path(ckpt).is_file() else ROOT / ckpt  # relative to here or to the root
         step = torch.load(path, map_location="cpu", weights_only=False, mmap=True)["global_step"]
         out[step - 1] = {k: float(v) for k, v in result["metrics"].items() if k.startswith("val/")}
     return out
