@@ -116,3 +116,55 @@ def test_a_kill_during_a_save_leaves_the_previous_checkpoint_whole(tmp_path):
                              env=env, capture_output=True, text=True)  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert torch.load(tmp_path / "last.ckpt", weights_only=True)["global_step"] == 8
+
+
+class FailInValidation(pl.Callback):
+    """Raises when validation starts at optimizer step ``step``: a kill during the run's last validation."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_validation_start(self, trainer, *args):
+        if trainer.global_step == self.step:
+            raise RuntimeError("killed during validation")
+
+
+def _validations(root) -> dict[int, float]:
+    return {
+        int(row["step"]): float(row["val/tau"])
+        for metrics in root.rglob("metrics.csv")
+        for row in csv.DictReader(metrics.open())
+        if row.get("val/tau")
+    }
+
+
+def test_reference_resume_point_redoes_a_validation_cut_by_a_kill(tmp_path):
+    """configs/reference_smollm2.yaml's resume checkpoint, on the tiny target: a run killed during its
+    last validation, resumed from last.ckpt, validates at max_steps like the uninterrupted run."""
+    import json
+    from pathlib import Path
+
+    import pytest
+    import yaml
+
+    config = yaml.safe_load((Path(__file__).parent.parent / "configs" / "reference_smollm2.yaml").read_text())
+    resume_point = config["trainer"]["callbacks"][0]
+    assert resume_point["class_path"] == "ModelCheckpoint" and resume_point["init_args"]["save_last"]
+
+    def fit(root, *extra, kill=None):
+        callbacks = [{**resume_point, "init_args": {**resume_point["init_args"], "dirpath": str(root / "ckpt")}}]
+        if kill:
+            callbacks.append({"class_path": "test_resume.FailInValidation", "init_args": {"step": kill}})
+        main(["fit", "--config", "tests/configs/tiny.yaml", "--data.batch_size", "2", "--trainer.max_steps", "4",
+              "--trainer.check_val_every_n_epoch", "null", "--trainer.val_check_interval", "2",
+              "--trainer.logger", "CSVLogger", "--trainer.logger.save_dir", str(root),
+              "--trainer.default_root_dir", str(root), "--trainer.callbacks", json.dumps(callbacks), *extra])  # fmt: skip
+
+    fit(tmp_path / "full")
+    full = _validations(tmp_path / "full")
+    assert len(full) == 2  # after steps 2 and 4
+    with pytest.raises(RuntimeError, match="killed during validation"):
+        fit(tmp_path / "cut", kill=4)
+    assert _validations(tmp_path / "cut") == {min(full): full[min(full)]}
+    fit(tmp_path / "cut", "--ckpt_path", str(tmp_path / "cut" / "ckpt" / "last.ckpt"))
+    assert _validations(tmp_path / "cut") == full  # the last one redone, and equal (exact resume)
