@@ -210,7 +210,8 @@ def test_reference_config_drafts_over_its_draft_vocabulary_and_selects_on_held_o
 def test_reference_eval_overlay_evaluates_the_folder_as_committed(tmp_path):
     """configs/reference_eval.yaml over the training config: the drafter's weights and its draft
     vocabulary both come from the folder (here one exported from the reference config with its own
-    vocabulary), no counts file, and decoding runs chain + DDTree B=32 + prompt lookup."""
+    vocabulary), no counts file, and decoding runs chain + DDTree B=8 + prompt lookup on the prompts
+    the quickstart decodes (make demo's last table compares the two on the same decodes)."""
     from spec_drafters.artefacts.folders import folder_from_module, write_folder
 
     trained = reference(tmp_path).model
@@ -226,8 +227,12 @@ def test_reference_eval_overlay_evaluates_the_folder_as_committed(tmp_path):
     assert torch.equal(model.drafter.fc.weight, trained.drafter.fc.weight)
     (callback,) = cli.trainer.callbacks
     assert callback.prompts.num_prompts == 4 and callback.max_new_tokens == 64
-    assert [v.budget for v in callback.verifiers] == [32] and callback.prompt_lookup_tokens == 7
+    assert [v.budget for v in callback.verifiers] == [8] and callback.prompt_lookup_tokens == 7
     assert cli.config["validate"]["data"]["path"] == "data/reference/answers/corpus.jsonl.gz"
+    quickstart = instantiate("validate", "--config", str(CONFIGS / "quickstart.yaml")).trainer.callbacks
+    (demo,) = [c for c in quickstart if type(c) is type(callback)]
+    assert demo.prompts.prompts() == callback.prompts.prompts()
+    assert demo.max_new_tokens == callback.max_new_tokens
 
 
 def test_every_shipped_config_taps_the_layers_its_comments_name(seeds, twins, tmp_path):
