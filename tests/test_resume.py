@@ -152,13 +152,15 @@ def test_reference_resume_point_redoes_a_validation_cut_by_a_kill(tmp_path):
     assert resume_point["class_path"] == "ModelCheckpoint" and resume_point["init_args"]["save_last"]
 
     def fit(root, *extra, kill=None):
-        callbacks = [{**resume_point, "init_args": {**resume_point["init_args"], "dirpath": str(root / "ckpt")}}]
+        args = {**resume_point["init_args"], "dirpath": str(root / "ckpt")}
+        callbacks = [{"class_path": resume_point["class_path"], "init_args": args}]
         if kill:
             callbacks.append({"class_path": "test_resume.FailInValidation", "init_args": {"step": kill}})
-        main(["fit", "--config", "tests/configs/tiny.yaml", "--data.batch_size", "2", "--trainer.max_steps", "4",
-              "--trainer.check_val_every_n_epoch", "null", "--trainer.val_check_interval", "2",
-              "--trainer.logger", "CSVLogger", "--trainer.logger.save_dir", str(root),
-              "--trainer.default_root_dir", str(root), "--trainer.callbacks", json.dumps(callbacks), *extra])  # fmt: skip
+        main(["fit", "--config", "tests/configs/tiny.yaml", "--data.batch_size", "2",
+              "--trainer.max_steps", "4", "--trainer.check_val_every_n_epoch", "null",
+              "--trainer.val_check_interval", "2", "--trainer.logger", "CSVLogger",
+              "--trainer.logger.save_dir", str(root), "--trainer.default_root_dir", str(root),
+              "--trainer.callbacks", json.dumps(callbacks), *extra])  # fmt: skip
 
     fit(tmp_path / "full")
     full = _validations(tmp_path / "full")
