@@ -9,7 +9,14 @@ and read the same labels share one cache (built with the label hidden state, so 
 it too). Every stage is resumable: run again, it continues (outputs under --out). The table gives
 each recipe's mean over seeds and its spread (max - min), so a difference can be told from noise.
 
-    python benchmarks/ablation.py [--steps 400] [--seeds 0 1] [--only v6 tree_coverage] [--out runs/ablation]
+Equal compute, cheaply: every run trains one epoch over the same first ``steps x batch_size``
+training records, and the caches hold those records only. Caches are built by two 1-thread
+builders from both ends, and ``--workers`` fits run at once with ``--threads`` each (two 1-thread
+processes keep 2 cores busier than one 2-thread process here: benchmarks/README.md, "Reference
+drafter"); a fit's wall time then depends on its neighbour, so ``fit_s`` is not a speed comparison.
+
+    python benchmarks/ablation.py [--steps 400] [--seeds 0 1] [--only v6 tree_coverage] \
+        [--out runs/ablation] [--workers 2 --threads 1]
 """
 
 from __future__ import annotations
@@ -17,9 +24,11 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import yaml
@@ -33,8 +42,9 @@ RECIPES += ["tree_coverage"]
 METRICS = ("val/tau", "val/tau_ddtree_b32", "val/calibration_ece", "val/acc_slot1")
 
 
-def spec_drafters(*args: str) -> None:
-    subprocess.run([sys.executable, "-m", "spec_drafters.cli.main", *args], check=True, cwd=ROOT)
+def spec_drafters(*args: str, threads: int | None = None) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)} if threads else None
+    subprocess.run([sys.executable, "-m", "spec_drafters.cli.main", *args], check=True, cwd=ROOT, env=env)
 
 
 def cache_key(recipe: str) -> str:
@@ -52,14 +62,17 @@ def build_cache(recipe: str, base: Path, out: Path, extra: list[str]) -> Path:
     folder = out / f"cache-{cache_key(recipe)}"
     if not (folder / "done").is_file():  # an interrupted build resumes shard by shard
         soft = ["--model.loss", "SoftKL"]  # so that the label hidden state is stored too
-        spec_drafters(
-            "cache", *configs(recipe, base), *extra, *soft, "--out", str(folder), "--dtype", "bfloat16"
-        )
+        args = ["cache", *configs(recipe, base), *extra, *soft, "--out", str(folder), "--dtype", "bfloat16"]
+        with ThreadPoolExecutor(2) as pool:  # two builders sharing the folder, one from each end
+            list(pool.map(lambda more: spec_drafters(*args, *more, threads=1), [[], ["--reverse"]]))
         (folder / "done").write_text("")
     return folder
 
 
-def train(recipe: str, seed: int, base: Path, out: Path, steps: int, cache: Path, extra: list[str]) -> dict:
+def train(
+    recipe: str, seed: int, base: Path, out: Path, steps: int, cache: Path, extra: list[str],
+    threads: int | None = None,
+) -> dict:  # fmt: skip
     run = out / f"{recipe}-s{seed}"
     result = run / "fit.json"
     if not result.is_file():
@@ -87,6 +100,7 @@ def train(recipe: str, seed: int, base: Path, out: Path, steps: int, cache: Path
             "fit", *configs(recipe, base), "--config", str(run / "trainer.yaml"), *extra,
             "--seed_everything", str(seed), "--model.seed", str(seed), "--data.cache", str(cache),
             "--results", str(result), *(["--ckpt_path", str(last)] if last.is_file() else []),
+            threads=threads,
         )  # fmt: skip
         (run / "seconds").write_text(f"{time.perf_counter() - t0:.1f}\n")
     metrics = json.loads(result.read_text())["metrics"]
@@ -121,16 +135,27 @@ def main() -> None:
         default=ROOT / "runs" / "reference" / "token_counts.json",
         help="label counts for an 8,192-token draft vocabulary (make reference's); ignored when absent",
     )
+    ap.add_argument("--workers", type=int, default=2, help="fits running at once")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads of each fit")
     ap.add_argument("extra", nargs="*", help="more LightningCLI flags for every run (after --)")
     args = ap.parse_args()
+    batch = yaml.safe_load(args.base.read_text())["data"]["batch_size"]
+    records = ["--data.max_train_records", str(args.steps * batch)]  # one epoch, the same records for all
+    args.extra = [*records, *args.extra]  # a later --data.max_train_records in extra wins
     if args.counts.is_file():
         vocab = ["--model.draft_vocab", "FrequentTokens", "--model.draft_vocab.counts", str(args.counts)]
         args.extra = [*vocab, "--model.draft_vocab.size", "8192", *args.extra]
     args.out.mkdir(parents=True, exist_ok=True)
-    rows = []
-    for recipe in args.only or RECIPES:
-        cache = build_cache(recipe, args.base, args.out, args.extra)
-        rows += [train(recipe, s, args.base, args.out, args.steps, cache, args.extra) for s in args.seeds]
+    recipes = args.only or RECIPES
+    caches = {recipe: build_cache(recipe, args.base, args.out, args.extra) for recipe in recipes}
+    runs = [(recipe, seed) for recipe in recipes for seed in args.seeds]
+
+    def one(run: tuple[str, int]) -> dict:
+        recipe, seed = run
+        return train(recipe, seed, args.base, args.out, args.steps, caches[recipe], args.extra, args.threads)
+
+    with ThreadPoolExecutor(args.workers) as pool:
+        rows = list(pool.map(one, runs))
     table = summarize(rows)
     print(f"{'recipe':<18} {'seeds':>5} {'chain tau':>15} {'DDTree-32 tau':>15} {'ECE':>13} {'slot 1':>13}")
     for r in table:
@@ -140,12 +165,16 @@ def main() -> None:
         print(f"{r['recipe']:<18} {r['seeds']:>5} {cells}")
     v6 = next((r for r in table if r["recipe"] == "v6"), None)
     best = table[0] if table else None
-    summary = {"steps": args.steps, "seeds": args.seeds, "best": best and best["recipe"]}
+    summary = {"steps": args.steps, "records": args.steps * batch, "seeds": args.seeds}
+    summary["best"] = best and best["recipe"]
     if v6 and best and best["val/tau_ddtree_b32"] is not None and v6["val/tau_ddtree_b32"] is not None:
         margin = best["val/tau_ddtree_b32"] - v6["val/tau_ddtree_b32"]
         noise = max(best["val/tau_ddtree_b32 spread"], v6["val/tau_ddtree_b32 spread"])
         summary.update(best_minus_v6_ddtree_tau=margin, beats_v6_beyond_spread=margin > noise)
-    record("ablation", rows, {**summary, "table": table})
+    if args.base.resolve() == (CONFIGS / "base.yaml").resolve():
+        record("ablation", rows, {**summary, "table": table})
+    else:  # a smoke run on another base (a tiny target) is not a result
+        print(f"not appended to benchmarks/results: --base {args.base} is not configs/ablation/base.yaml")
 
 
 if __name__ == "__main__":
