@@ -10,7 +10,7 @@ decoders share). Every ratio is to the greedy step of the same run (greedy secon
 the decodes of each prompt run back to back, and the outputs are checked against greedy's.
 
     PYTHONPATH=src python benchmarks/decode_breakdown.py [--drafter registry/drafters/smollm2-reference] \\
-        [--prompts 6] [--threads 1]
+        [--prompts 6] [--threads 1] [--verifiers chain chain:3 ddtree:8 adaptive:runs/cost_model.json]
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import torch
 from common import folder_drafter, record
 from spec_drafters.data.prompts import HumanEvalPrompts
 from spec_drafters.decode import generate
-from spec_drafters.decode.verifiers import DDTree, GreedyChain
+from spec_drafters.decode.verifiers import AdaptiveDDTree, DDTree, GreedyChain, Verifier
 from spec_drafters.model.drafter import ContextCache
 from spec_drafters.model.kernels import packed_linears
 from spec_drafters.target.loaders import EmbeddedSmolLM2
@@ -65,12 +65,27 @@ def timing(spent: dict[str, float], verifier):
                 setattr(owner, name, fn)
 
 
+def verifier(spec: str) -> Verifier:
+    """``chain``, ``chain:D`` (at most D drafts a round), ``ddtree:B`` or ``adaptive:COST_MODEL.json``."""
+    kind, _, arg = spec.partition(":")
+    if kind == "chain":
+        return GreedyChain(int(arg) if arg else None)
+    if kind == "ddtree" and arg:
+        return DDTree(budget=int(arg))
+    if kind == "adaptive" and arg:
+        return AdaptiveDDTree(cost_model=arg)
+    raise argparse.ArgumentTypeError(f"{spec!r}: not chain, chain:D, ddtree:B or adaptive:COST_MODEL.json")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--drafter", default="registry/drafters/smollm2-reference", help="a drafter folder")
     ap.add_argument("--prompts", type=int, default=6, help="HumanEval prompts (evenly spaced over 164)")
     ap.add_argument("--max_new_tokens", type=int, default=64)
-    ap.add_argument("--budget", type=int, default=8, help="DDTree B")
+    ap.add_argument(
+        "--verifiers", type=verifier, nargs="+", default=[GreedyChain(), DDTree(budget=8)],
+        help="chain, chain:D, ddtree:B, adaptive:COST_MODEL.json (spec-drafters cost-model)",
+    )  # fmt: skip
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -80,15 +95,15 @@ def main() -> None:
     prompts = [loaded.tokenizer.encode(t) for t in HumanEvalPrompts(num_prompts=args.prompts).prompts()]
     rows = []
     with torch.no_grad(), packed_linears(target, drafter):  # pack once, before any decode
-        for verifier in (GreedyChain(), DDTree(budget=args.budget)):
+        for chosen in args.verifiers:
             spent: dict[str, float] = {}
             greedy_s = spec_s = 0.0
             tokens = rounds = committed = lossless = 0
             for prompt in prompts:
                 plain = generate.greedy_generate(target, prompt, args.max_new_tokens, eos)
-                with timing(spent, verifier):
+                with timing(spent, chosen):
                     spec = generate.speculative_generate(
-                        target, drafter, fc_ids, verifier, prompt, args.max_new_tokens, eos
+                        target, drafter, fc_ids, chosen, prompt, args.max_new_tokens, eos
                     )
                 greedy_s, spec_s = greedy_s + plain.seconds, spec_s + spec.seconds
                 tokens, rounds, committed = (
@@ -99,8 +114,7 @@ def main() -> None:
                 lossless += spec.tokens == plain.tokens
             step = greedy_s / tokens
             row = {
-                "verifier": type(verifier).__name__
-                + (f"_b{args.budget}" if isinstance(verifier, DDTree) else ""),
+                "verifier": chosen.label(),
                 "tau_pooled": committed / rounds,
                 "speedup": greedy_s / spec_s,
                 "round_steps": spec_s / rounds / step,

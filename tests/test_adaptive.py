@@ -88,3 +88,22 @@ def test_registry_and_the_cost_command(tmp_path):
     cost = RoundCost.load(out)
     assert cost.tokens == [1, 2, 4] and all(v > 0 for v in cost.verify) and cost.draft > 0
     assert json.loads(out.read_text())["machine"]["target"]
+
+
+def test_costs_are_measured_on_the_linears_decoding_uses():
+    """Decoding packs its linears (generate.py); the cost model must time the same forward."""
+    from spec_drafters.decode.timing import measure
+    from spec_drafters.model import kernels
+    from spec_drafters.target.frozen import FrozenTarget
+    from spec_drafters.target.loaders import TinyRandom
+
+    if not kernels.available():
+        pytest.skip("no oneDNN packed linear in this torch build")
+    target = FrozenTarget(TinyRandom(hidden_size=256).load().model, (1, 2, 3))  # 256 x 256: packable
+    drafter = tiny_drafter(target, block_size=4)
+    assert any(kernels.packable(m) for m in target.modules() if isinstance(m, torch.nn.Linear))
+    cost = measure(target, drafter, [1, 2, 3], list(range(10)), [1, 2], repeats=1)
+    assert cost.machine["packed_linears"] is True
+    assert not any(isinstance(m, kernels.PackedLinear) for m in target.modules())  # put back after
+    off = measure(target, drafter, [1, 2, 3], list(range(10)), [1, 2], repeats=1, packed_linears=False)
+    assert off.machine["packed_linears"] is False

@@ -104,7 +104,8 @@ def test_ddtree_accepts_second_choices_and_stays_lossless(monkeypatch, budget):
     target = tiny_target("llama", dtype="float64", seed=5)
     drafter = tiny_drafter(target, block_size=5)
     lengths = {}
-    for name, verifier in (("chain", GreedyChain()), ("tree", DDTree(budget))):
+    verifiers = (("chain", GreedyChain()), ("tree", DDTree(budget)), ("short", GreedyChain(max_depth=2)))
+    for name, verifier in verifiers:
         rng = random.Random(1)
         lengths[name] = []
         for prompt in _prompts(6, seed=7):
@@ -126,6 +127,7 @@ def test_ddtree_accepts_second_choices_and_stays_lossless(monkeypatch, budget):
             lengths[name] += out.accept_lengths
     tau = {k: sum(v) / len(v) for k, v in lengths.items()}
     assert tau["tree"] > tau["chain"] + 0.3, tau
+    assert max(lengths["short"]) <= 3 < max(lengths["chain"])  # at most 2 drafts + the bonus a round
 
 
 def test_tree_mask_by_hand():

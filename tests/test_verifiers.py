@@ -67,3 +67,33 @@ def test_offline_ddtree_equals_walking_the_brute_force_tree(budget):
     chain = GreedyChain().offline_accepted(logits, labels, valid)
     if budget == 1:  # one node: the chain's first draft only
         assert got == [min(int(c), 1) for c in chain]
+
+
+@pytest.mark.parametrize("max_depth", [1, 2, 5])
+def test_chain_of_max_depth_is_the_full_chain_cut_there(max_depth):
+    g = torch.Generator().manual_seed(max_depth)
+    logits = torch.randn((30, 4, 6), generator=g)
+    labels = torch.randint(0, 6, (30, 4), generator=g)
+    labels[:15] = logits[:15].argmax(-1)  # long streaks in half the blocks
+    valid = torch.ones_like(labels, dtype=torch.bool)
+    valid[2, 2:] = False
+    chain = GreedyChain(max_depth)
+    got = chain.offline_accepted(logits, labels, valid).tolist()
+    for i in range(30):  # by hand: count matching slots from the first, stop at a miss or the depth
+        want = 0
+        while want < min(4, max_depth) and valid[i, want] and logits[i, want].argmax() == labels[i, want]:
+            want += 1
+        assert got[i] == want
+    tree = chain.propose(logits[0])
+    assert tree.tokens == logits[0, :max_depth].argmax(-1).tolist() and tree.is_chain
+    assert chain.label() == f"greedy_chain_d{max_depth}" and GreedyChain().label() == "greedy_chain"
+    with pytest.raises(ValueError, match="max_depth"):
+        GreedyChain(0)
+
+
+def test_a_short_chain_is_logged_beside_the_full_one():
+    from spec_drafters.lightning.metrics import OfflineAcceptance
+
+    metrics = OfflineAcceptance.for_verifiers(5, GreedyChain(2), [GreedyChain(3), DDTree(4)])
+    assert list(metrics.verifiers) == ["chain", "greedy_chain_d2", "greedy_chain_d3", "ddtree_b4"]
+    assert list(OfflineAcceptance.for_verifiers(5, DDTree(8), None).verifiers) == ["chain", "ddtree"]

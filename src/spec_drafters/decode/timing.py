@@ -10,6 +10,8 @@ from spec_drafters.decode import generate
 from spec_drafters.decode.cost import RoundCost
 from spec_drafters.decode.verifiers import DDTree
 from spec_drafters.model.drafter import ContextCache
+from spec_drafters.model.kernels import PackedLinear
+from spec_drafters.model.kernels import packed_linears as _packed
 from spec_drafters.target.frozen import crop_cache
 
 
@@ -24,10 +26,24 @@ def _median_seconds(fn, repeats: int) -> float:
 
 
 @torch.no_grad()
-def measure(target, drafter, fc_ids: list[int], context: list[int], tokens: list[int], repeats: int = 5):
+def measure(
+    target,
+    drafter,
+    fc_ids: list[int],
+    context: list[int],
+    tokens: list[int],
+    repeats: int = 5,
+    packed_linears: bool = True,
+):
     """Times a greedy step, the verify forward over each tree size in ``tokens`` (a DDTree over an
     untrained drafter's pass, the mask and positions decoding uses) and one drafter pass, after
-    ``context`` tokens; returns a :class:`RoundCost`."""
+    ``context`` tokens; returns a :class:`RoundCost`. ``packed_linears`` as in decoding (generate.py),
+    whose costs these are: prepacked weights change the ratios (a K-token forward gains most)."""
+    with _packed(target, drafter, enabled=packed_linears):  # packs once, before the first timing
+        return _measure(target, drafter, fc_ids, context, tokens, repeats)
+
+
+def _measure(target, drafter, fc_ids: list[int], context: list[int], tokens: list[int], repeats: int):
     device = target.embed_tokens.weight.device
     cache, c = generate.new_cache(target), len(context)
     out = target(
@@ -72,4 +88,5 @@ def measure(target, drafter, fc_ids: list[int], context: list[int], tokens: list
 
         verify.append(_median_seconds(fwd, repeats) / greedy)
     machine = {"threads": torch.get_num_threads(), "torch": torch.__version__, "context": c}
+    machine["packed_linears"] = any(isinstance(m, PackedLinear) for m in target.modules())
     return RoundCost(list(tokens), verify, _median_seconds(draft, repeats) / greedy, machine)

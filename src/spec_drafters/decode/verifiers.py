@@ -11,7 +11,7 @@ import torch
 
 from spec_drafters.decode.acceptance import accepted_depth
 from spec_drafters.model.tree import DraftTree, build_tree
-from spec_drafters.registry import register
+from spec_drafters.registry import name_of, register
 
 
 class Verifier:
@@ -29,19 +29,38 @@ class Verifier:
         """The draft tree of one drafter pass, from its per-slot logits (D, V), D = K-1 or fewer."""
         raise NotImplementedError
 
+    def label(self) -> str:
+        """How metrics and results name this verifier: its registry name and what sets its size."""
+        return name_of(self)
+
 
 @register("verifier", "greedy_chain")
 class GreedyChain(Verifier):
-    """The "vanilla streak": the longest prefix of drafts equal to the target's greedy tokens."""
+    """The "vanilla streak": the longest prefix of drafts equal to the target's greedy tokens.
+
+    Args:
+        max_depth: verify at most this many drafts a round (default: all K-1 the drafter proposes).
+            The target's verify forward costs more the more tokens it reads, on a CPU from the second
+            token on (benchmarks/round_profile.py), while a drafter rarely gets a long streak right:
+            slots it seldom wins cost more than they commit. Lossless at any depth.
+    """
+
+    def __init__(self, max_depth: int | None = None):
+        if max_depth is not None and max_depth < 1:
+            raise ValueError(f"max_depth must be >= 1 (or None for every slot), got {max_depth}")
+        self.max_depth = max_depth
+
+    def label(self) -> str:
+        return name_of(self) + (f"_d{self.max_depth}" if self.max_depth else "")
 
     def offline_accepted(self, draft_logits, labels, valid):
         # The tree walk on a chain, batched: the longest prefix of slots whose draft is the label.
         hit = (draft_logits.argmax(-1) == labels) & valid  # (B, K-1)
-        return hit.long().cumprod(dim=1).sum(dim=1)  # (B,)
+        return hit[:, : self.max_depth].long().cumprod(dim=1).sum(dim=1)  # (B,)
 
     def propose(self, draft_logits):
-        d = draft_logits.shape[0]
-        tokens = draft_logits.argmax(-1).tolist()
+        tokens = draft_logits[: self.max_depth].argmax(-1).tolist()
+        d = len(tokens)
         return DraftTree(tokens, list(range(-1, d - 1)), list(range(1, d + 1)), [0.0] * d)
 
 
@@ -80,6 +99,9 @@ class DDTree(Verifier):
                 f"{self.calibration}: {len(self._temperatures)} slot temperatures for {depth} slots"
             )
         return self._temperatures[:depth]
+
+    def label(self) -> str:
+        return f"{name_of(self)}_b{self.budget}"
 
     def tree(self, draft_logits: torch.Tensor) -> DraftTree:
         """One block's tree from its drafter logits (K-1, V), ranked with calibrated probabilities when

@@ -29,11 +29,6 @@ from spec_drafters.data.prompts import HumanEvalPrompts, PromptSet
 from spec_drafters.decode.generate import DecodeResult, check_fits, speculative_generate
 from spec_drafters.decode.summary import prompt_row, summarize
 from spec_drafters.decode.verifiers import Verifier
-from spec_drafters.registry import name_of
-
-
-def verifier_label(verifier: Verifier) -> str:
-    return name_of(verifier) + (f"_b{verifier.budget}" if hasattr(verifier, "budget") else "")
 
 
 @torch.no_grad()
@@ -102,7 +97,7 @@ class SpeculativeDecodingEval(pl.Callback):
         """suffix -> a function prompt -> DecodeResult."""
         out = {"": lambda p: module.speculate(p, self.max_new_tokens)}
         for v in self.verifiers:
-            out["_" + verifier_label(v)] = lambda p, v=v: speculative_generate(
+            out["_" + v.label()] = lambda p, v=v: speculative_generate(
                 module.target,
                 module.drafter,
                 module.fc_ids,

@@ -136,11 +136,13 @@ class OfflineAcceptance(nn.Module):
         from spec_drafters.decode.verifiers import GreedyChain
         from spec_drafters.registry import name_of
 
-        verifiers: dict[str, Verifier] = {"chain": GreedyChain()}
-        if not isinstance(verifier, GreedyChain):
-            verifiers[name_of(verifier)] = verifier
+        chain = GreedyChain()
+        verifiers: dict[str, Verifier] = {"chain": chain}
+        if verifier.label() != chain.label():  # the configured one by name (val/tau_ddtree), or
+            name = name_of(verifier)  # by label where the name alone is the chain's
+            verifiers[name if name != name_of(chain) else verifier.label()] = verifier
         for v in extra or []:
-            label = name_of(v) + (f"_b{v.budget}" if hasattr(v, "budget") else "")
+            label = v.label()
             verifiers[f"{label}_{len(verifiers)}" if label in verifiers else label] = v
         return cls(block_size, verifiers)
 
