@@ -128,10 +128,11 @@ def main() -> None:
         f"{len(prompts)} HumanEval prompts x {args.max_new_tokens} tokens, {args.threads} thread(s); "
         "ratios to a greedy step"
     )
-    print(f"{'':>22}" + "".join(f"{r['verifier']:>14}" for r in rows))
+    w = [max(12, len(r["verifier"])) + 2 for r in rows]
+    print(f"{'':>22}" + "".join(f"{r['verifier']:>{n}}" for r, n in zip(rows, w, strict=True)))
     for k in keys:
-        print(f"{k:>22}" + "".join(f"{r[k]:>14.3f}" for r in rows))
-    print(f"{'lossless':>22}" + "".join(f"{r['lossless']:>14}" for r in rows))
+        print(f"{k:>22}" + "".join(f"{r[k]:>{n}.3f}" for r, n in zip(rows, w, strict=True)))
+    print(f"{'lossless':>22}" + "".join(f"{r['lossless']:>{n}}" for r, n in zip(rows, w, strict=True)))
     summary = {"drafter": args.drafter, "prompts": len(prompts)}
     record(
         "decode_breakdown", rows, {**summary, "round_steps": {r["verifier"]: r["round_steps"] for r in rows}}
