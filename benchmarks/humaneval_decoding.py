@@ -14,7 +14,8 @@ weights or the checkpoint) and the command's decoding settings; a rerun with ano
 settings under the same name is refused rather than merged. ``--workers 2`` runs two pieces
 at a time, one thread each: every prompt's speedup is its own decoders against its own greedy run,
 timed back to back in one process, so the summary compares like with like. With ``--cost_model``
-the adaptive-budget DDTree (``adaptive_ddtree``, max budget 64) decodes too.
+the adaptive-budget DDTree (``adaptive_ddtree``, max budget 64) decodes too; with ``--chain_depth D
+...`` chains that verify only their first D drafts (``GreedyChain(max_depth=D)``).
 
     python benchmarks/humaneval_decoding.py --config configs/quickstart.yaml \\
         --ckpt_path runs/quickstart/checkpoints/last.ckpt [--num_prompts 164] [--name demo]
@@ -50,8 +51,9 @@ KEYS = ("new_tokens", "rounds", "committed", "tau", "seconds", "tokens_per_s", "
 GREEDY = ("greedy_tokens", "greedy_seconds", "greedy_tokens_per_s")
 
 
-def overlay(folder: Path, cost_model: str | None) -> Path:
-    """configs/bench_humaneval.yaml, plus the adaptive verifier when a cost model is given."""
+def overlay(folder: Path, cost_model: str | None, chain_depths: list[int] | None = None) -> Path:
+    """configs/bench_humaneval.yaml, plus the adaptive verifier when a cost model is given and the
+    chains cut at ``chain_depths``."""
     import yaml
 
     cfg = yaml.safe_load((ROOT / "configs" / "bench_humaneval.yaml").read_text())
@@ -60,6 +62,9 @@ def overlay(folder: Path, cost_model: str | None) -> Path:
         callback["verifiers"].append(
             {"class_path": "AdaptiveDDTree", "init_args": {"cost_model": str(Path(cost_model).resolve())}}
         )
+    for depth in chain_depths or []:
+        verifier = {"class_path": "GreedyChain", "init_args": {"max_depth": depth}}
+        cfg["trainer"]["callbacks"][0]["init_args"]["verifiers"].append(verifier)
     path = folder / "overlay.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
@@ -97,7 +102,7 @@ def _config_init_from(configs: list[str]) -> str | None:
 
     value = None
     for c in configs:  # later configs override earlier ones, as in validate
-        model = (yaml.safe_load(Path(c).read_text()) or {}).get("model") or {}
+        model = (yaml.safe_load((ROOT / c).read_text()) or {}).get("model") or {}  # validate runs in ROOT
         value = model.get("init_from", value)
     return value
 
@@ -125,6 +130,7 @@ def drafter_identity(args) -> dict:
         "num_prompts": args.num_prompts,
         "parts": args.parts,
         "cost_model": bool(args.cost_model),
+        **({"chain_depths": args.chain_depth} if args.chain_depth else {}),  # absent in older folders
     }
 
 
@@ -184,7 +190,9 @@ def summaries(prompt_rows: list[dict]) -> list[dict]:
     from spec_drafters.decode.summary import summarize
 
     out = []
-    for suffix, label in DECODERS.items():
+    depths = sorted(int(k.rsplit("_d", 1)[1]) for k in prompt_rows[0] if k.startswith("tau_greedy_chain_d"))
+    decoders = {**DECODERS, **{f"_greedy_chain_d{d}": f"chain D={d}" for d in depths}}
+    for suffix, label in decoders.items():
         if f"tau{suffix}" not in prompt_rows[0]:
             continue
         per = [{**{k: r[k] for k in GREEDY}, **{k: r[f"{k}{suffix}"] for k in KEYS}} for r in prompt_rows]
@@ -212,13 +220,14 @@ def main() -> None:
     ap.add_argument("--parts", type=int, default=8, help="pieces the prompts run in (resumable)")
     ap.add_argument("--workers", type=int, default=1, help="pieces running at a time")
     ap.add_argument("--cost_model", help="a spec-drafters cost-model JSON: adds the adaptive DDTree")
+    ap.add_argument("--chain_depth", type=int, nargs="+", help="adds chains verifying only D drafts")
     ap.add_argument("--name", default="drafter", help="a label for the results line")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "humaneval_decoding"))
     args, args.extra = ap.parse_known_args()  # the rest (--model.*, --data.*) goes to validate
     folder = Path(args.out) / args.name
     folder.mkdir(parents=True, exist_ok=True)
     check_identity(args, folder)
-    run_parts(args, folder, overlay(folder, args.cost_model))
+    run_parts(args, folder, overlay(folder, args.cost_model, args.chain_depth))
     rows = summaries(merged_rows(args, folder))
     prompts = args.num_prompts
     greedy = sum(r["greedy_tokens_per_s"] for r in rows) / len(rows)  # the same greedy runs for all
