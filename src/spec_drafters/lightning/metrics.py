@@ -136,11 +136,12 @@ class OfflineAcceptance(nn.Module):
         from spec_drafters.decode.verifiers import GreedyChain
         from spec_drafters.registry import name_of
 
-        chain = GreedyChain()
-        verifiers: dict[str, Verifier] = {"chain": chain}
-        if verifier.label() != chain.label():  # the configured one by name (val/tau_ddtree), or
-            name = name_of(verifier)  # by label where the name alone is the chain's
-            verifiers[name if name != name_of(chain) else verifier.label()] = verifier
+        verifiers: dict[str, Verifier] = {"chain": GreedyChain()}
+        if isinstance(verifier, GreedyChain):  # (the default is a lazy subclass instance)
+            if getattr(verifier, "max_depth", None) is not None:  # a cut chain, beside the full one
+                verifiers[f"greedy_chain_d{verifier.max_depth}"] = verifier
+        else:  # the configured one by name: val/tau_ddtree
+            verifiers[name_of(verifier)] = verifier
         for v in extra or []:
             label = v.label()
             verifiers[f"{label}_{len(verifiers)}" if label in verifiers else label] = v
