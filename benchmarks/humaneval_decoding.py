@@ -130,7 +130,7 @@ def drafter_identity(args) -> dict:
         "num_prompts": args.num_prompts,
         "parts": args.parts,
         "cost_model": bool(args.cost_model),
-        **({"chain_depths": d} if (d := getattr(args, "chain_depth", None)) else {}),  # absent before
+        **({"chain_depths": args.chain_depth} if args.chain_depth else {}),  # absent in older folders
     }
 
 

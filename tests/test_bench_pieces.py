@@ -30,6 +30,7 @@ def args(folder: Path, **kw) -> argparse.Namespace:
         "num_prompts": 164,
         "parts": 8,
         "cost_model": None,
+        "chain_depth": None,
     }
     return argparse.Namespace(**(base | kw))
 

@@ -139,7 +139,7 @@ class OfflineAcceptance(nn.Module):
         verifiers: dict[str, Verifier] = {"chain": GreedyChain()}
         if isinstance(verifier, GreedyChain):  # (the default is a lazy subclass instance)
             if getattr(verifier, "max_depth", None) is not None:  # a cut chain, beside the full one
-                verifiers[f"greedy_chain_d{verifier.max_depth}"] = verifier
+                verifiers[verifier.label()] = verifier
         else:  # the configured one by name: val/tau_ddtree
             verifiers[name_of(verifier)] = verifier
         for v in extra or []:
