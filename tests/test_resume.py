@@ -142,14 +142,10 @@ def test_reference_resume_point_redoes_a_validation_cut_by_a_kill(tmp_path):
     """configs/reference_smollm2.yaml's resume checkpoint, on the tiny target: a run killed during its
     last validation, resumed from last.ckpt, validates at max_steps like the uninterrupted run."""
     import json
-    from pathlib import Path
 
     import pytest
-    import yaml
 
-    config = yaml.safe_load((Path(__file__).parent.parent / "configs" / "reference_smollm2.yaml").read_text())
-    resume_point = config["trainer"]["callbacks"][0]
-    assert resume_point["class_path"] == "ModelCheckpoint" and resume_point["init_args"]["save_last"]
+    resume_point = _reference_callbacks()["resume"]
 
     def fit(root, *extra, kill=None):
         args = {**resume_point["init_args"], "dirpath": str(root / "ckpt")}
@@ -170,3 +166,84 @@ def test_reference_resume_point_redoes_a_validation_cut_by_a_kill(tmp_path):
     assert _validations(tmp_path / "cut") == {min(full): full[min(full)]}
     fit(tmp_path / "cut", "--ckpt_path", str(tmp_path / "cut" / "ckpt" / "last.ckpt"))
     assert _validations(tmp_path / "cut") == full  # the last one redone, and equal (exact resume)
+
+
+def _reference_callbacks() -> dict:
+    """configs/reference_smollm2.yaml's two ModelCheckpoints, by role, and its callback list."""
+    from pathlib import Path
+
+    import yaml
+
+    config = yaml.safe_load((Path(__file__).parent.parent / "configs" / "reference_smollm2.yaml").read_text())
+    callbacks = config["trainer"]["callbacks"]
+    checkpoints = [c for c in callbacks if c["class_path"] == "ModelCheckpoint"]
+    (resume,) = [c for c in checkpoints if c["init_args"].get("save_last")]
+    (best,) = [c for c in checkpoints if c["init_args"].get("monitor") == "val/tau"]
+    return {"resume": resume, "best": best, "all": callbacks}
+
+
+class KillAt(pl.Callback):
+    """Raises after optimizer step ``step``: a kill between validations (a stop would validate)."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_train_batch_end(self, trainer, *args):
+        if trainer.global_step >= self.step:
+            raise RuntimeError("killed")
+
+
+class ScriptedTau(pl.Callback):
+    """Logs a scripted held-out score per optimizer step as ``scripted/tau``, for a ModelCheckpoint
+    that monitors it in place of val/tau (whose real values on the tiny target are not ours to pick)."""
+
+    def __init__(self, taus: dict):
+        self.taus = {int(step): float(tau) for step, tau in taus.items()}
+
+    def on_validation_epoch_end(self, trainer, pl_module):
+        pl_module.log("scripted/tau", self.taus[trainer.global_step])
+
+
+def test_reference_best_checkpoint_survives_a_resume(tmp_path):
+    """The reference config's callbacks on the tiny target, the best one monitoring a held-out score
+    scripted 1, 3, 2 at steps 2, 4, 6: a run killed after step 4's validation and resumed from
+    last.ckpt must still leave step 4 as best/best.ckpt, alone (the file `make reference` exports).
+    With the resume point listed before the best callback, the resume checkpoint held the best state
+    of step 2: step 6 (2 > 1) overwrote it."""
+    import json
+
+    import pytest
+    import torch
+
+    roles = _reference_callbacks()
+    taus = {2: 1.0, 4: 3.0, 6: 2.0}
+
+    def fit(root, *extra, kill=None):
+        callbacks = []
+        for callback in roles["all"]:
+            if callback is roles["resume"]:
+                callback = {**callback, "init_args": {**callback["init_args"], "dirpath": str(root / "ckpt")}}
+            elif callback is roles["best"]:
+                args = {**callback["init_args"], "dirpath": str(root / "best"), "monitor": "scripted/tau"}
+                callback = {**callback, "init_args": args}
+            callbacks.append(callback)
+        callbacks.append({"class_path": "test_resume.ScriptedTau", "init_args": {"taus": taus}})
+        if kill:
+            callbacks.append({"class_path": "test_resume.KillAt", "init_args": {"step": kill}})
+        main(["fit", "--config", "tests/configs/tiny.yaml", "--data.batch_size", "2",
+              "--trainer.max_steps", "6", "--trainer.check_val_every_n_epoch", "null",
+              "--trainer.val_check_interval", "2", "--trainer.logger", "false",
+              "--trainer.default_root_dir", str(root),
+              "--trainer.callbacks", json.dumps(callbacks), *extra])  # fmt: skip
+
+    with pytest.raises(RuntimeError, match="killed"):
+        fit(tmp_path, kill=5)  # killed after step 5 (a stop would validate there): last.ckpt is step 4
+    assert torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=False)["global_step"] == 4
+    fit(tmp_path, "--ckpt_path", str(tmp_path / "ckpt" / "last.ckpt"))
+    assert sorted(p.name for p in (tmp_path / "best").iterdir()) == ["best.ckpt"]
+    best = torch.load(tmp_path / "best" / "best.ckpt", weights_only=False)
+    assert best["global_step"] == 4
+    last = torch.load(tmp_path / "ckpt" / "last.ckpt", weights_only=False)
+    assert last["global_step"] == 6
+    (state,) = [s for key, s in last["callbacks"].items() if "scripted/tau" in key]
+    assert float(state["best_model_score"]) == 3.0 and state["best_model_path"].endswith("best.ckpt")
