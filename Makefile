@@ -59,9 +59,12 @@ bench: $(STAMP)
 # 2. source: the stdlib's real source in windows (teacher-forced labels, no generation);
 # 3. the training file; 4. token counts for the draft vocabulary; 5. the bf16 feature cache (two
 #    1-thread builders, one from each end: faster than one 2-thread process on this CPU);
-# 6. training, resumed from the last checkpoint; 7. the best held-out checkpoint exported in bf16;
-# 8. the held-out tau against training tokens seen (benchmarks/tau_curve.py).
+# 6. training, resumed from the last checkpoint; 7. its best held-out checkpoint exported in fp32;
+# 8. a second stage from it (configs/reference_stage2.yaml: a new cosine), resumed likewise; 9. the
+# second stage's best held-out checkpoint exported in bf16; 10. the held-out tau against training
+# tokens seen over both stages (benchmarks/tau_curve.py).
 REF ?= runs/reference
+REF2 ?= runs/reference_stage2
 REF_CONFIG ?= configs/reference_smollm2.yaml
 REF_ANSWERS ?= data/reference/answers
 REF_SOURCE_RECORDS ?= 0
@@ -80,8 +83,12 @@ reference: $(STAMP)
 		--reverse && wait $$!
 	nice $(BIN)/spec-drafters fit --config $(REF_CONFIG) --data.cache $(REF)/cache \
 		$$(test -f $(REF)/checkpoints/last.ckpt && echo --ckpt_path $(REF)/checkpoints/last.ckpt)
-	$(BIN)/spec-drafters export $(REF)/best/best.ckpt --out $(REF_DRAFTER) --dtype bfloat16
-	cd benchmarks && ../$(BIN)/python tau_curve.py --run ../$(REF) --cache ../$(REF)/cache
+	$(BIN)/spec-drafters export $(REF)/best/best.ckpt --out $(REF)/stage1_fp32
+	nice $(BIN)/spec-drafters fit --config $(REF_CONFIG) --config configs/reference_stage2.yaml \
+		--data.cache $(REF)/cache --model.init_from $(REF)/stage1_fp32 \
+		$$(test -f $(REF2)/checkpoints/last.ckpt && echo --ckpt_path $(REF2)/checkpoints/last.ckpt)
+	$(BIN)/spec-drafters export $(REF2)/best/best.ckpt --out $(REF_DRAFTER) --dtype bfloat16
+	cd benchmarks && ../$(BIN)/python tau_curve.py --run ../$(REF) --run ../$(REF2) --cache ../$(REF)/cache
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import itertools
 import json
 from pathlib import Path
 
@@ -26,25 +27,31 @@ from common import RESULTS, record
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def validations(run: Path) -> dict[int, dict[str, float]]:
-    """step -> the val/* metrics logged at that step, over every metrics.csv of the run."""
+def validations(run: Path) -> tuple[dict[int, dict[str, float]], int]:
+    """step -> the val/* metrics logged at that step, over every metrics.csv of the run; and the
+    number of optimizer steps the run logged (its last logged step + 1)."""
     out: dict[int, dict[str, float]] = {}
     files = sorted(run.rglob("metrics.csv"), key=lambda p: p.stat().st_mtime)
     if not files:
         raise SystemExit(f"tau_curve: no metrics.csv under {run}")
+    last = -1
     for file in files:  # oldest first: a resumed run's re-validation of a step replaces the old value
         for row in csv.DictReader(file.open()):
+            if not row.get("step"):
+                continue
+            last = max(last, int(row["step"]))
             values = {k: float(v) for k, v in row.items() if k.startswith("val/") and v not in ("", None)}
-            if values and row.get("step"):
+            if values:
                 out.setdefault(int(row["step"]), {}).update(values)
-    return out
+    return out, last + 1
 
 
-def rerun_validations(files: list[Path]) -> dict[int, dict[str, float]]:
-    """step (0-based, as the logger writes it) -> val/* of ``spec-drafters validate --results`` files."""
+def rerun_validations(files: list[Path]) -> dict[Path, dict[int, dict[str, float]]]:
+    """checkpoint path -> {step (0-based, as the logger writes it) -> val/*} of ``spec-drafters
+    validate --results`` files."""
     import torch
 
-    out: dict[int, dict[str, float]] = {}
+    out: dict[Path, dict[int, dict[str, float]]] = {}
     for file in files:
         result = json.loads(file.read_text())
         ckpt = result.get("ckpt_path")
@@ -52,8 +59,30 @@ def rerun_validations(files: list[Path]) -> dict[int, dict[str, float]]:
             raise SystemExit(f"tau_curve: {file} names no --ckpt_path: its training step is unknown")
         path = Path(ckpt) if Path(ckpt).is_file() else ROOT / ckpt  # relative to here or to the root
         step = torch.load(path, map_location="cpu", weights_only=False, mmap=True)["global_step"]
-        out[step - 1] = {k: float(v) for k, v in result["metrics"].items() if k.startswith("val/")}
+        values = {k: float(v) for k, v in result["metrics"].items() if k.startswith("val/")}
+        out.setdefault(path.resolve(), {})[step - 1] = values
     return out
+
+
+def chained(runs: list[Path], rerun: dict[Path, dict[int, dict[str, float]]]) -> list[dict]:
+    """One row per validation over the stages in order: stage, the stage's own step (1-based) and the
+    steps trained since the first stage began."""
+    rows, offset = [], 0
+    for stage, run in enumerate(runs, 1):
+        steps, trained = validations(run)
+        for ckpt, values in rerun.items():
+            if ckpt.is_relative_to(run.resolve()):
+                for step, metrics in values.items():
+                    steps.setdefault(step, {}).update(metrics)
+                    trained = max(trained, step + 1)
+        rows += [
+            {"stage": stage, "stage_step": s + 1, "step": offset + s + 1, **v}
+            for s, v in sorted(steps.items())
+        ]
+        offset += trained
+    if unused := [c for c in rerun if not any(c.is_relative_to(r.resolve()) for r in runs)]:
+        raise SystemExit(f"tau_curve: --validated checkpoints outside every --run: {unused}")
+    return rows
 
 
 def tokens_per_record(cache: Path) -> float:
@@ -71,6 +100,10 @@ def plot(rows: list[dict], keys: list[str], out: Path) -> None:
     fig, ax = plt.subplots(figsize=(6, 4))
     for key in keys:
         ax.plot([r["tokens_seen"] / 1e6 for r in rows], [r[key] for r in rows], marker="o", label=key)
+    for before, after in itertools.pairwise(rows):
+        if after["stage"] != before["stage"]:  # a new stage: a new learning-rate schedule from here
+            ax.axvline(before["tokens_seen"] / 1e6, color="grey", linestyle="--", linewidth=1)
+            ax.text(before["tokens_seen"] / 1e6, ax.get_ylim()[0], f" stage {after['stage']}", color="grey")
     ax.set_xlabel("training tokens seen (millions)")
     ax.set_ylabel("held-out teacher-forced tau")
     ax.grid(alpha=0.3)
@@ -83,7 +116,9 @@ def plot(rows: list[dict], keys: list[str], out: Path) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--run", type=Path, default=ROOT / "runs" / "reference")
+    ap.add_argument(
+        "--run", type=Path, action="append", help="a stage's run folder; again for the next stage"
+    )
     ap.add_argument("--cache", type=Path, default=ROOT / "runs" / "reference" / "cache")
     ap.add_argument("--batch_size", type=int, default=8, help="the run's --data.batch_size")
     ap.add_argument("--out", type=Path, default=RESULTS / "tau_curve.png")
@@ -95,23 +130,25 @@ def main() -> None:
         help="a validate --results JSON of a run checkpoint",
     )
     args = ap.parse_args()
+    runs = args.run or [ROOT / "runs" / "reference"]
     per_record = tokens_per_record(args.cache)
-    steps = validations(args.run)
-    for step, values in rerun_validations(args.validated).items():
-        steps.setdefault(step, {}).update(values)
-    keys = sorted({k for v in steps.values() for k in v if k.startswith("val/tau") and "pooled" not in k})
+    validated = chained(runs, rerun_validations(args.validated))
+    keys = sorted({k for v in validated for k in v if k.startswith("val/tau") and "pooled" not in k})
     rows = [
-        {"step": s + 1, "tokens_seen": (s + 1) * args.batch_size * per_record, **{k: v.get(k) for k in keys}}
-        for s, v in sorted(steps.items())
-    ]
-    print(f"{'step':>7} {'tokens':>10} " + " ".join(f"{k:>18}" for k in keys))
+        {"stage": v["stage"], "stage_step": v["stage_step"], "step": v["step"],
+         "tokens_seen": v["step"] * args.batch_size * per_record, **{k: v.get(k) for k in keys}}
+        for v in validated
+    ]  # fmt: skip
+    print(f"{'stage':>5} {'step':>7} {'tokens':>10} " + " ".join(f"{k:>18}" for k in keys))
     for r in rows:
         cells = " ".join(f"{r[k]:>18.4f}" if r[k] is not None else f"{'-':>18}" for k in keys)
-        print(f"{r['step']:>7} {r['tokens_seen']:>10.0f} {cells}")
+        print(f"{r['stage']:>5} {r['step']:>7} {r['tokens_seen']:>10.0f} {cells}")
     plot([r for r in rows if all(r[k] is not None for k in keys)], keys, args.out)
     print(f"figure: {args.out}")
     record(
-        "tau_curve", rows, {"run": str(args.run), "tokens_per_record": per_record, "figure": str(args.out)}
+        "tau_curve",
+        rows,
+        {"run": [str(r) for r in runs], "tokens_per_record": per_record, "figure": str(args.out)},
     )
 
 

@@ -174,7 +174,7 @@ INTENDED_TAPS = {
     "twins/experiment_ddtree.yaml": (TWIN_TAPS, TWIN_TAPS),
 }
 # no model of their own: read over another
-OVERLAYS = {"verify_humaneval.yaml", "bench_humaneval.yaml", "reference_eval.yaml"}
+OVERLAYS = {"verify_humaneval.yaml", "bench_humaneval.yaml", "reference_eval.yaml", "reference_stage2.yaml"}
 
 
 def test_humaneval_benchmark_overlay_decodes_all_164_prompts_with_every_budget():
@@ -235,6 +235,35 @@ def test_reference_eval_overlay_evaluates_the_folder_as_committed(tmp_path):
     assert demo.max_new_tokens == callback.max_new_tokens
 
 
+def test_reference_stage2_overlay_continues_from_the_first_stage_in_a_folder_of_its_own(tmp_path):
+    """configs/reference_stage2.yaml over the training config: weights from the first stage's export,
+    its own schedule, and the first stage's checkpoint callbacks (same order, same settings) writing
+    under runs/reference_stage2, so neither stage's resume point or best checkpoint is the other's."""
+    from spec_drafters.artefacts.folders import folder_from_module, write_folder
+
+    first = reference(tmp_path)
+    with torch.no_grad():
+        first.model.drafter.fc.weight.normal_()
+    folder = write_folder(folder_from_module(first.model), tmp_path / "stage1", "spec_drafters")
+    counts = first.config["fit"]["model"]["draft_vocab"]["init_args"]["counts"]
+    cli = instantiate("fit", "--config", str(CONFIGS / "reference_smollm2.yaml"),
+                      "--config", str(CONFIGS / "reference_stage2.yaml"), "--model.init_from", str(folder),
+                      "--model.draft_vocab.init_args.counts", counts)  # fmt: skip
+    assert torch.equal(cli.model.drafter.fc.weight, first.model.drafter.fc.weight)
+    assert cli.trainer.max_steps == 2400 and cli.model.hparams.lr == 6e-4
+    assert cli.config["fit"]["model"]["lr"] == 6e-4 and cli.config["fit"]["model"]["warmup_fraction"] == 0.02
+
+    def checkpoints(callbacks):
+        return [(c.dirpath, c.filename, c.monitor, c.save_top_k, c.save_last)
+                for c in callbacks if type(c).__name__ == "ModelCheckpoint"]  # fmt: skip
+
+    ours, theirs = checkpoints(cli.trainer.callbacks), checkpoints(first.trainer.callbacks)
+    assert len(ours) == len(theirs) == 2
+    for mine, base in zip(ours, theirs, strict=True):
+        assert Path(mine[0]).parent == Path("runs/reference_stage2").resolve()
+        assert Path(mine[0]).name == Path(base[0]).name and mine[1:] == base[1:]
+
+
 def test_every_shipped_config_taps_the_layers_its_comments_name(seeds, twins, tmp_path):
     models = {f"{n}.yaml": cli.model for n, cli in seeds.items()}
     models |= {f"twins/{n}.yaml": cli.model for n, cli in twins.items()}
@@ -261,7 +290,12 @@ def test_every_yaml_is_covered():
     covered |= {"quickstart.yaml", "presets/train_8x_blackwell_fsdp.yaml", "presets/eval_2x_a6000.yaml"}
     covered |= {"presets/cpu_twin.yaml", "verify_humaneval.yaml", "presets/train_multinode_fsdp2.yaml"}
     covered |= {"presets/fsdp2_cpu.yaml"}  # run by tests/test_fsdp2.py
-    covered |= {"reference_smollm2.yaml", "bench_humaneval.yaml", "reference_eval.yaml"}
+    covered |= {
+        "reference_smollm2.yaml",
+        "reference_stage2.yaml",
+        "bench_humaneval.yaml",
+        "reference_eval.yaml",
+    }
     covered |= {f"ablation/{p.name}" for p in (CONFIGS / "ablation").glob("*.yaml")}  # test_ablation_recipes
     assert shipped == covered, shipped ^ covered
 
