@@ -57,7 +57,12 @@ def rerun_validations(files: list[Path]) -> dict[Path, dict[int, dict[str, float
         ckpt = result.get("ckpt_path")
         if not ckpt:
             raise SystemExit(f"tau_curve: {file} names no --ckpt_path: its training step is unknown")
-        path = Path(ckpt) if Path(ckpt).is_file() else ROOT / ckpt  # relative to here or to the root
+        # relative to here, to the repository root, or to a folder above the results file (the
+        # checkout the validation ran in, when that is another worktree)
+        candidates = [Path(ckpt), ROOT / ckpt, *(up / ckpt for up in file.resolve().parents)]
+        path = next((c for c in candidates if c.is_file()), None)
+        if path is None:
+            raise SystemExit(f"tau_curve: {file} names {ckpt}, found neither here nor above it")
         step = torch.load(path, map_location="cpu", weights_only=False, mmap=True)["global_step"]
         values = {k: float(v) for k, v in result["metrics"].items() if k.startswith("val/")}
         out.setdefault(path.resolve(), {})[step - 1] = values

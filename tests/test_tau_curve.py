@@ -54,3 +54,24 @@ def test_a_rerun_validation_lands_in_the_stage_that_holds_its_checkpoint(tau_cur
     assert [(r["stage"], r["step"], r["val/tau"]) for r in rows] == [(1, 4, 1.5), (1, 6, 1.7), (2, 8, 1.9)]
     with pytest.raises(SystemExit, match="outside every --run"):
         tau_curve.chained([second], {last: {5: {"val/tau": 1.7}}})
+
+
+def test_a_rerun_validation_finds_its_checkpoint_in_the_checkout_it_ran_in(tau_curve, tmp_path):
+    """``spec-drafters validate --results`` stores the --ckpt_path as typed (relative to the checkout
+    it ran in, maybe another worktree): it is looked up above the results file too."""
+    import json
+
+    import torch
+
+    checkout = tmp_path / "worktree"
+    ckpt = checkout / "runs/ref/checkpoints/last.ckpt"
+    ckpt.parent.mkdir(parents=True)
+    torch.save({"global_step": 6}, ckpt)
+    results = checkout / "runs/ref/last_val.json"
+    results.write_text(
+        json.dumps({"ckpt_path": "runs/ref/checkpoints/last.ckpt", "metrics": {"val/tau": 1.7}})
+    )
+    assert tau_curve.rerun_validations([results]) == {ckpt.resolve(): {5: {"val/tau": 1.7}}}
+    results.write_text(json.dumps({"ckpt_path": "runs/other/last.ckpt", "metrics": {"val/tau": 1.7}}))
+    with pytest.raises(SystemExit, match="found neither here nor above it"):
+        tau_curve.rerun_validations([results])
