@@ -6,7 +6,10 @@ for the same steps on the same records (the reference corpus, ``make reference``
 offline feature cache, and is validated on the same held-out stdlib answers: chain tau (val/tau),
 DDTree tau at B = 32 (val/tau_ddtree_b32) and the calibration ECE. Recipes that tap the same layers
 and read the same labels share one cache (built with the label hidden state, so soft losses can use
-it too). Every stage is resumable: run again, it continues (outputs under --out). The table gives
+it too). Every stage is resumable: run again, it continues (outputs under --out, git-ignored). A
+finished run's row (its metrics, the commit, a hash of its two config files) is also kept in --keep
+(default results/ablation/steps<N>, committed; a smoke run on another base keeps them under --out),
+so a checkout that lost --out re-runs, and rebuilds caches for, only the runs not kept. The table gives
 each recipe's mean over seeds and its spread (max - min), so a difference can be told from noise.
 
 Equal compute, cheaply: every run trains one epoch over the same first ``steps x batch_size``
@@ -33,7 +36,7 @@ from pathlib import Path
 
 import yaml
 
-from common import record
+from common import RESULTS, git_sha, record
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs" / "ablation"
@@ -69,10 +72,32 @@ def build_cache(recipe: str, base: Path, out: Path, extra: list[str]) -> Path:
     return folder
 
 
+def config_hash(recipe: str, base: Path, extra: list[str]) -> str:
+    """What a kept row was trained with: the base, the recipe's overlay and the extra flags (a flag that
+    names a file, such as the token counts, by the file's contents: checkouts differ in paths)."""
+    flags = [hashlib.sha1(Path(f).read_bytes()).hexdigest() if Path(f).is_file() else f for f in extra]
+    text = base.read_text() + (CONFIGS / f"{recipe}.yaml").read_text() + json.dumps(flags)
+    return hashlib.sha1(text.encode()).hexdigest()[:12]
+
+
+def kept(keep: Path, recipe: str, seed: int, base: Path, extra: list[str]) -> dict | None:
+    path = keep / f"{recipe}-s{seed}.json"
+    if not path.is_file():
+        return None
+    row = json.loads(path.read_text())
+    if row.get("config_sha1") != config_hash(recipe, base, extra):
+        raise SystemExit(
+            f"{path} was trained with other configs or flags than now: move it away to re-run it"
+        )
+    return row
+
+
 def train(
     recipe: str, seed: int, base: Path, out: Path, steps: int, cache: Path, extra: list[str],
-    threads: int | None = None,
+    threads: int | None = None, keep: Path | None = None,
 ) -> dict:  # fmt: skip
+    if keep is not None and (row := kept(keep, recipe, seed, base, extra)) is not None:
+        return row
     run = out / f"{recipe}-s{seed}"
     result = run / "fit.json"
     if not result.is_file():
@@ -105,7 +130,11 @@ def train(
         (run / "seconds").write_text(f"{time.perf_counter() - t0:.1f}\n")
     metrics = json.loads(result.read_text())["metrics"]
     seconds = float((run / "seconds").read_text()) if (run / "seconds").is_file() else None
-    return {"recipe": recipe, "seed": seed, "fit_s": seconds, **{k: metrics.get(k) for k in METRICS}}
+    row = {"recipe": recipe, "seed": seed, "fit_s": seconds, **{k: metrics.get(k) for k in METRICS}}
+    if keep is not None:
+        meta = {"steps": steps, "git_sha": git_sha(), "config_sha1": config_hash(recipe, base, extra)}
+        (keep / f"{recipe}-s{seed}.json").write_text(json.dumps({**row, **meta}) + "\n")
+    return row
 
 
 def summarize(rows: list[dict]) -> list[dict]:
@@ -129,6 +158,7 @@ def main() -> None:
     ap.add_argument("--only", nargs="+", choices=RECIPES, help="run these recipes only")
     ap.add_argument("--base", type=Path, default=CONFIGS / "base.yaml")
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "ablation")
+    ap.add_argument("--keep", type=Path, help="finished runs' rows (default: see the docstring)")
     ap.add_argument(
         "--counts",
         type=Path,
@@ -145,14 +175,21 @@ def main() -> None:
     if args.counts.is_file():
         vocab = ["--model.draft_vocab", "FrequentTokens", "--model.draft_vocab.counts", str(args.counts)]
         args.extra = [*vocab, "--model.draft_vocab.size", "8192", *args.extra]
+    shipped = args.base.resolve() == (CONFIGS / "base.yaml").resolve()
+    keep = args.keep or (RESULTS / "ablation" / f"steps{args.steps}" if shipped else args.out / "kept")
     args.out.mkdir(parents=True, exist_ok=True)
+    keep.mkdir(parents=True, exist_ok=True)
     recipes = args.only or RECIPES
-    caches = {recipe: build_cache(recipe, args.base, args.out, args.extra) for recipe in recipes}
     runs = [(recipe, seed) for recipe in recipes for seed in args.seeds]
+    todo = {recipe for recipe, seed in runs if kept(keep, recipe, seed, args.base, args.extra) is None}
+    caches = {
+        recipe: build_cache(recipe, args.base, args.out, args.extra) for recipe in recipes if recipe in todo
+    }
 
     def one(run: tuple[str, int]) -> dict:
         recipe, seed = run
-        return train(recipe, seed, args.base, args.out, args.steps, caches[recipe], args.extra, args.threads)
+        cache = caches.get(recipe, Path())  # a kept run needs no cache
+        return train(recipe, seed, args.base, args.out, args.steps, cache, args.extra, args.threads, keep)
 
     with ThreadPoolExecutor(args.workers) as pool:
         rows = list(pool.map(one, runs))
@@ -171,7 +208,7 @@ def main() -> None:
         margin = best["val/tau_ddtree_b32"] - v6["val/tau_ddtree_b32"]
         noise = max(best["val/tau_ddtree_b32 spread"], v6["val/tau_ddtree_b32 spread"])
         summary.update(best_minus_v6_ddtree_tau=margin, beats_v6_beyond_spread=margin > noise)
-    if args.base.resolve() == (CONFIGS / "base.yaml").resolve():
+    if shipped:
         record("ablation", rows, {**summary, "table": table})
     else:  # a smoke run on another base (a tiny target) is not a result
         print(f"not appended to benchmarks/results: --base {args.base} is not configs/ablation/base.yaml")

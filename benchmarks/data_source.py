@@ -9,9 +9,13 @@ data. Both train the same drafter for the same steps from a bf16 cache with thei
 vocabulary (counted from their own labels) and are validated on the same held-out answers (what the
 target says on unseen prompts, the decoding situation).
 
-Every stage is resumable (run again, it continues): outputs go to ``--out`` (default runs/data_source).
+The two fits run at once, one thread each, so both train under the same load. Every stage is
+resumable (run again, it continues): the bulky outputs (caches, checkpoints) go to ``--out`` (default
+runs/data_source, git-ignored); each finished stage's result (its measured seconds, a fit's metrics)
+is also kept in ``--keep`` (default results/data_source/steps<N>, committed), so a checkout that has
+lost ``--out`` keeps what was measured and rebuilds only what a stage still to run needs.
 
-    python benchmarks/data_source.py [--steps 600] [--out runs/data_source]
+    python benchmarks/data_source.py [--steps 600] [--out runs/data_source] [--keep DIR]
 """
 
 from __future__ import annotations
@@ -19,19 +23,23 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import os
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from common import record
+from common import RESULTS, git_sha, record
 
 ROOT = Path(__file__).resolve().parent.parent
 CONFIG = ROOT / "configs" / "reference_smollm2.yaml"
+ANSWERS = ROOT / "data" / "stdlib_smollm2.jsonl.gz"
 
 
-def spec_drafters(*args: str) -> None:
-    subprocess.run([sys.executable, "-m", "spec_drafters.cli.main", *args], check=True, cwd=ROOT)
+def spec_drafters(*args: str, threads: int | None = None) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)} if threads else None
+    subprocess.run([sys.executable, "-m", "spec_drafters.cli.main", *args], check=True, cwd=ROOT, env=env)
 
 
 def read(path: Path) -> list[dict]:
@@ -45,14 +53,14 @@ def write(path: Path, records: list[dict]) -> None:
         fh.write("".join(json.dumps(r) + "\n" for r in records).encode())
 
 
-def stage(out: Path, name: str, fn) -> dict:
-    """Runs ``fn`` once; its result (with its wall time) is kept in ``out/name.json``."""
-    done = out / f"{name}.json"
+def stage(keep: Path, name: str, fn) -> dict:
+    """Runs ``fn`` once; its result (with its wall time and the git commit) is kept in ``keep/name.json``."""
+    done = keep / f"{name}.json"
     if done.is_file():
         return json.loads(done.read_text())
     t0 = time.perf_counter()
     result = fn() or {}
-    result["seconds"] = time.perf_counter() - t0
+    result.update(seconds=time.perf_counter() - t0, git_sha=git_sha())
     done.write_text(json.dumps(result) + "\n")
     return result
 
@@ -101,35 +109,50 @@ def trainer_config(root: Path, steps: int) -> dict:
 METRICS = ("val/tau", "val/tau_pooled", "val/acc_slot1", "val/acc", "val/loss", "train/tokens_per_s")
 
 
-def arm(out: Path, name: str, train: Path, val: Path, steps: int, common: list[str]) -> dict:
-    root = out / name
-    data = ["--data.path", str(train), "--data.val_path", str(val)]
-    full = [*common, *data, "--model.draft_vocab", "FullVocab"]
-    cache = stage(
-        out,
-        f"{name}.cache",
-        lambda: spec_drafters("cache", *full, "--out", str(root / "cache"), "--dtype", "bfloat16"),
-    )
-    counts = root / "token_counts.json"
-    stage(
-        out,
-        f"{name}.counts",
-        lambda: spec_drafters(
-            "draft-vocab", *full, "--data.cache", str(root / "cache"), "--out", str(counts)
-        ),
-    )
-    last = root / "checkpoints" / "last.ckpt"
-    (root / "trainer.yaml").write_text(json.dumps(trainer_config(root, steps)))  # JSON is YAML
-    run = [*common, "--config", str(root / "trainer.yaml"), *data]
-    run += ["--model.draft_vocab.counts", str(counts), "--data.cache", str(root / "cache")]
-    resume = ["--ckpt_path", str(last)] if last.is_file() else []
-    fit = stage(
-        out,
-        f"{name}.fit",
-        lambda: spec_drafters("fit", *run, *resume, "--results", str(root / "fit.json")),
-    )
-    metrics = json.loads((root / "fit.json").read_text())["metrics"]
-    return {"cache_s": cache["seconds"], "fit_s": fit["seconds"], **{k: metrics.get(k) for k in METRICS}}
+class Arm:
+    """One arm's data stages (cache, draft-vocabulary counts) and its fit, each resumable."""
+
+    def __init__(self, out: Path, keep: Path, name: str, train: Path, val: Path, steps: int, config: Path):
+        self.keep, self.name, self.steps, self.root = keep, name, steps, out / name
+        self.data = ["--config", str(config), "--data.path", str(train), "--data.val_path", str(val)]
+        self.cache, self.counts = self.root / "cache", self.root / "token_counts.json"
+
+    def fitted(self) -> bool:
+        return (self.keep / f"{self.name}.fit.json").is_file()
+
+    def prepare(self) -> dict:
+        """The bf16 cache (timed the first time: the arm's data cost) and the label counts. Rebuilt when
+        lost and the fit is still to run (the build resumes shard by shard; a whole one is a no-op)."""
+        full = [*self.data, "--model.draft_vocab", "FullVocab"]
+
+        def build() -> None:
+            spec_drafters("cache", *full, "--out", str(self.cache), "--dtype", "bfloat16")
+
+        timed_before = (self.keep / f"{self.name}.cache.json").is_file()
+        cache = stage(self.keep, f"{self.name}.cache", build)
+        if timed_before and not self.fitted():
+            build()
+            if not self.counts.is_file():
+                counts = ["--data.cache", str(self.cache), "--out", str(self.counts)]
+                spec_drafters("draft-vocab", *full, *counts)
+        return cache
+
+    def fit(self, threads: int | None) -> dict:
+        def run() -> dict:
+            last = self.root / "checkpoints" / "last.ckpt"
+            (self.root / "trainer.yaml").write_text(json.dumps(trainer_config(self.root, self.steps)))
+            args = [*self.data, "--config", str(self.root / "trainer.yaml"), "--data.cache", str(self.cache)]
+            args += ["--model.draft_vocab.counts", str(self.counts), "--results", str(self.root / "fit.json")]
+            args += ["--ckpt_path", str(last)] if last.is_file() else []
+            spec_drafters("fit", *args, threads=threads)
+            metrics = json.loads((self.root / "fit.json").read_text())["metrics"]
+            return {"threads": threads, "metrics": {k: metrics.get(k) for k in METRICS}}
+
+        return stage(self.keep, f"{self.name}.fit", run)
+
+
+def row(arm: Arm, cache: dict, fit: dict, **extra) -> dict:
+    return {"arm": arm.name, **extra, "cache_s": cache["seconds"], "fit_s": fit["seconds"], **fit["metrics"]}
 
 
 def source_windows(path: Path, budget_tokens: int, tok) -> tuple[list[dict], int]:
@@ -162,47 +185,55 @@ def report(rows: list[dict], steps: int, gen: dict) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--answers", type=Path, default=ROOT / "data" / "stdlib_smollm2.jsonl.gz")
+    ap.add_argument("--answers", type=Path, default=ANSWERS)
     ap.add_argument("--source", type=Path, default=ROOT / "runs" / "reference" / "source" / "corpus.jsonl.gz")
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "data_source")
+    ap.add_argument("--keep", type=Path, help="finished stages' results (default: see the docstring)")
     ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--sample", type=int, default=32, help="prompts answered to time generation")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads of each of the two fits")
+    ap.add_argument("--config", type=Path, default=CONFIG, help="the drafter and trainer both arms use")
     args = ap.parse_args()
+    shipped = args.config.resolve() == CONFIG.resolve() and args.answers.resolve() == ANSWERS.resolve()
+    # a smoke run (another config or corpus) keeps its stages beside its outputs, never in results/
     out = args.out
+    keep = args.keep or (RESULTS / "data_source" / f"steps{args.steps}" if shipped else out)
     out.mkdir(parents=True, exist_ok=True)
+    keep.mkdir(parents=True, exist_ok=True)
     if not args.source.is_file():
         spec_drafters("reference-corpus", "--kind", "source", "--out", str(args.source.parent))
     records = read(args.answers)
     train = [r for r in records if r["split"] == "train"]
     write(out / "val.jsonl.gz", [r for r in records if r["split"] == "val"])
     write(out / "answers.jsonl.gz", train)
-    gen = stage(out, "generation", lambda: generation_speed(train, args.sample))
+    gen = stage(keep, "generation", lambda: generation_speed(train, args.sample))
     from spec_drafters.target.loaders import EmbeddedSmolLM2
 
     tok = EmbeddedSmolLM2().load().tokenizer  # one tokenizer for every count below
-    sizes = stage(out, "sizes", lambda: {"answers_tokens": count_tokens(train, tok)})
-    common = ["--config", str(CONFIG)]
-    a = arm(out, "answers", out / "answers.jsonl.gz", out / "val.jsonl.gz", args.steps, common)
+    sizes = stage(keep, "sizes", lambda: {"answers_tokens": count_tokens(train, tok)})
+    val = out / "val.jsonl.gz"
+    answers = Arm(out, keep, "answers", out / "answers.jsonl.gz", val, args.steps, args.config)
+    a_cache = answers.prepare()
     # Equal data CPU: the answers' generation + cache time buys this many source tokens at the
     # answers' cache speed (one target forward per token either way).
     answer_tokens = sizes["answers_tokens"]
     gen_s = gen["s_per_token"] * answer_tokens_generated(train, tok)
-    budget_tokens = int(answer_tokens * (gen_s + a["cache_s"]) / a["cache_s"])
+    budget_tokens = int(answer_tokens * (gen_s + a_cache["seconds"]) / a_cache["seconds"])
     chosen, total = source_windows(args.source, budget_tokens, tok)
-    if not (out / "source.jsonl.gz").is_file():
-        write(out / "source.jsonl.gz", chosen)
-    b = arm(out, "source", out / "source.jsonl.gz", out / "val.jsonl.gz", args.steps, common)
+    write(out / "source.jsonl.gz", chosen)  # deterministic bytes: the same file a rerun's cache checks
+    source = Arm(out, keep, "source", out / "source.jsonl.gz", val, args.steps, args.config)
+    s_cache = source.prepare()
+    with ThreadPoolExecutor(2) as pool:  # both fits at once, under the same load
+        a_fit, s_fit = pool.map(lambda arm: arm.fit(args.threads), [answers, source])
+    a_data = gen_s + a_cache["seconds"]
     rows = [
-        {
-            "arm": "answers",
-            "records": len(train),
-            "tokens": answer_tokens,
-            "data_cpu_s": gen_s + a["cache_s"],
-            **a,
-        },
-        {"arm": "source", "records": len(chosen), "tokens": total, "data_cpu_s": b["cache_s"], **b},
+        row(answers, a_cache, a_fit, records=len(train), tokens=answer_tokens, data_cpu_s=a_data),
+        row(source, s_cache, s_fit, records=len(chosen), tokens=total, data_cpu_s=s_cache["seconds"]),
     ]
-    report(rows, args.steps, gen)
+    if shipped:
+        report(rows, args.steps, gen)
+    else:  # a smoke run on another config or corpus is not a result
+        print(json.dumps(rows))
 
 
 def answer_tokens_generated(train: list[dict], tok) -> int:

@@ -1,0 +1,79 @@
+"""The long benchmarks keep what they measured where a later checkout finds it: a kept ablation row or
+data_source stage is returned without running anything again, and a row trained with other configs is
+refused rather than mixed into the table. Checked with stand-ins for the training commands."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def benchmarks():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import ablation
+        import data_source
+
+        yield ablation, data_source
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+
+
+def test_a_kept_ablation_row_is_returned_without_training(benchmarks, tmp_path, monkeypatch):
+    ablation, _ = benchmarks
+    base = ablation.CONFIGS / "base.yaml"
+    counts_a, counts_b = tmp_path / "a" / "counts.json", tmp_path / "b" / "counts.json"
+    for counts in (counts_a, counts_b):
+        counts.parent.mkdir()
+        counts.write_text('{"1": 3}')
+    extra = ["--model.draft_vocab.counts", str(counts_a)]
+    calls = []
+    monkeypatch.setattr(ablation, "spec_drafters", lambda *args, **kw: calls.append(args))
+    keep = tmp_path / "keep"
+    keep.mkdir()
+    row = {"recipe": "v6", "seed": 0, "fit_s": 1.0, "val/tau": 2.0}
+    sha = ablation.config_hash("v6", base, extra)
+    (keep / "v6-s0.json").write_text(json.dumps({**row, "config_sha1": sha}))
+    got = ablation.train("v6", 0, base, tmp_path / "out", 400, Path(), extra, keep=keep)
+    assert got["val/tau"] == 2.0 and calls == []
+    # the same counts at another path (another checkout) is the same run
+    assert ablation.config_hash("v6", base, ["--model.draft_vocab.counts", str(counts_b)]) == sha
+    counts_b.write_text('{"1": 4}')  # other counts: another run
+    with pytest.raises(SystemExit, match="other configs"):
+        ablation.train("v6", 0, base, tmp_path / "out", 400, Path(), [extra[0], str(counts_b)], keep=keep)
+    (keep / "v5-s0.json").write_text(json.dumps({**row, "config_sha1": sha}))  # v6's configs
+    with pytest.raises(SystemExit, match="other configs"):
+        ablation.train("v5", 0, base, tmp_path / "out", 400, Path(), extra, keep=keep)
+
+
+def test_an_unkept_ablation_run_trains_and_keeps_its_row(benchmarks, tmp_path, monkeypatch):
+    ablation, _ = benchmarks
+    base = ablation.CONFIGS / "base.yaml"
+
+    def fake_fit(*args, **kw):  # writes the fit's results file as `spec-drafters fit --results` does
+        result = Path(args[args.index("--results") + 1])
+        result.write_text(json.dumps({"metrics": {"val/tau": 2.5, "val/tau_ddtree_b32": 3.0}}))
+
+    monkeypatch.setattr(ablation, "spec_drafters", fake_fit)
+    keep = tmp_path / "keep"
+    keep.mkdir()
+    row = ablation.train("v6", 1, base, tmp_path / "out", 400, tmp_path / "cache", [], keep=keep)
+    kept = json.loads((keep / "v6-s1.json").read_text())
+    assert row["val/tau"] == kept["val/tau"] == 2.5 and kept["steps"] == 400
+    assert kept["config_sha1"] == ablation.config_hash("v6", base, [])
+    monkeypatch.setattr(ablation, "spec_drafters", lambda *a, **k: pytest.fail("ran again"))
+    assert ablation.train("v6", 1, base, tmp_path / "gone", 400, Path(), [], keep=keep)["val/tau"] == 2.5
+
+
+def test_a_kept_data_source_stage_is_not_run_again(benchmarks, tmp_path):
+    _, data_source = benchmarks
+    runs = []
+    fit = {"metrics": {"val/tau": 2.0}}
+    first = data_source.stage(tmp_path, "answers.fit", lambda: runs.append(1) or dict(fit))
+    again = data_source.stage(tmp_path, "answers.fit", lambda: runs.append(2) or {})
+    assert runs == [1] and again == first and first["metrics"]["val/tau"] == 2.0
+    assert first["seconds"] >= 0 and "git_sha" in first
