@@ -12,7 +12,7 @@ RUN ?= runs/quickstart
 CONFIG ?= configs/quickstart.yaml
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo verifiers bench test lint clean reference
+.PHONY: setup demo verifiers bench test lint clean reference reference-data
 
 setup: $(STAMP)
 
@@ -70,7 +70,8 @@ REF_ANSWERS ?= data/reference/answers
 REF_SOURCE_RECORDS ?= 0
 REF_THREADS ?= 2
 REF_DRAFTER ?= registry/drafters/smollm2-reference
-reference: $(STAMP)
+# `make reference-data` runs stages 1-4 only: what benchmarks/ablation.py and draft_vocab.py need.
+reference-data: $(STAMP)
 	nice $(BIN)/spec-drafters reference-corpus --kind answers --out $(REF_ANSWERS) --threads $(REF_THREADS) \
 		--batch_size 48 --part_size 256 --max_new_tokens 128
 	nice $(BIN)/spec-drafters reference-corpus --kind source --out $(REF)/source
@@ -78,6 +79,8 @@ reference: $(STAMP)
 		--source $(REF)/source/corpus.jsonl.gz --source_records $(REF_SOURCE_RECORDS) --out $(REF)/train.jsonl.gz
 	test -f $(REF)/token_counts.json || $(BIN)/spec-drafters draft-vocab --config $(REF_CONFIG) \
 		--model.draft_vocab FullVocab --out $(REF)/token_counts.json
+
+reference: reference-data
 	OMP_NUM_THREADS=1 nice $(BIN)/spec-drafters cache --config $(REF_CONFIG) --out $(REF)/cache --dtype bfloat16 & \
 		OMP_NUM_THREADS=1 nice $(BIN)/spec-drafters cache --config $(REF_CONFIG) --out $(REF)/cache --dtype bfloat16 \
 		--reverse && wait $$!

@@ -80,8 +80,8 @@ def config_hash(recipe: str, base: Path, extra: list[str]) -> str:
     return hashlib.sha1(text.encode()).hexdigest()[:12]
 
 
-def kept(keep: Path, recipe: str, seed: int, base: Path, extra: list[str]) -> dict | None:
-    path = keep / f"{recipe}-s{seed}.json"
+def kept(keep: Path, recipe: str, seed: int, base: Path, extra: list[str], name: str = "") -> dict | None:
+    path = keep / f"{name or recipe}-s{seed}.json"
     if not path.is_file():
         return None
     row = json.loads(path.read_text())
@@ -94,11 +94,12 @@ def kept(keep: Path, recipe: str, seed: int, base: Path, extra: list[str]) -> di
 
 def train(
     recipe: str, seed: int, base: Path, out: Path, steps: int, cache: Path, extra: list[str],
-    threads: int | None = None, keep: Path | None = None,
+    threads: int | None = None, keep: Path | None = None, name: str = "",
 ) -> dict:  # fmt: skip
-    if keep is not None and (row := kept(keep, recipe, seed, base, extra)) is not None:
+    """One fit of ``recipe`` (its run folder and kept row named ``name``, the recipe by default)."""
+    if keep is not None and (row := kept(keep, recipe, seed, base, extra, name)) is not None:
         return row
-    run = out / f"{recipe}-s{seed}"
+    run = out / f"{name or recipe}-s{seed}"
     result = run / "fit.json"
     if not result.is_file():
         last = run / "checkpoints" / "last.ckpt"
@@ -133,7 +134,7 @@ def train(
     row = {"recipe": recipe, "seed": seed, "fit_s": seconds, **{k: metrics.get(k) for k in METRICS}}
     if keep is not None:
         meta = {"steps": steps, "git_sha": git_sha(), "config_sha1": config_hash(recipe, base, extra)}
-        (keep / f"{recipe}-s{seed}.json").write_text(json.dumps({**row, **meta}) + "\n")
+        (keep / f"{name or recipe}-s{seed}.json").write_text(json.dumps({**row, **meta}) + "\n")
     return row
 
 
@@ -149,6 +150,30 @@ def summarize(rows: list[dict]) -> list[dict]:
             row[f"{key} spread"] = max(values) - min(values) if values else None
         out.append(row)
     return sorted(out, key=lambda r: -(r["val/tau_ddtree_b32"] or 0))
+
+
+def vocab_flags(counts: Path, size: int | None) -> list[str]:
+    """A draft vocabulary of the ``size`` most frequent labels in ``counts``; None: the whole vocabulary."""
+    if size is None:
+        return ["--model.draft_vocab", "FullVocab"]
+    flags = ["--model.draft_vocab", "FrequentTokens", "--model.draft_vocab.counts", str(counts)]
+    return [*flags, "--model.draft_vocab.size", str(size)]
+
+
+def records_flags(base: Path, steps: int) -> list[str]:
+    """One epoch over the same first ``steps x batch`` records for every run (a later
+    --data.max_train_records among the extra flags wins)."""
+    batch = yaml.safe_load(base.read_text())["data"]["batch_size"]
+    return ["--data.max_train_records", str(steps * batch)]
+
+
+def keep_folder(keep: Path | None, shipped: bool, steps: int, out: Path) -> Path:
+    """Where finished runs' rows are kept: results/ablation/steps<N> for the shipped base (committed), a
+    smoke run's beside its outputs."""
+    folder = keep or (RESULTS / "ablation" / f"steps{steps}" if shipped else out / "kept")
+    out.mkdir(parents=True, exist_ok=True)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 def main() -> None:
@@ -169,16 +194,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch threads of each fit")
     ap.add_argument("extra", nargs="*", help="more LightningCLI flags for every run (after --)")
     args = ap.parse_args()
-    batch = yaml.safe_load(args.base.read_text())["data"]["batch_size"]
-    records = ["--data.max_train_records", str(args.steps * batch)]  # one epoch, the same records for all
-    args.extra = [*records, *args.extra]  # a later --data.max_train_records in extra wins
-    if args.counts.is_file():
-        vocab = ["--model.draft_vocab", "FrequentTokens", "--model.draft_vocab.counts", str(args.counts)]
-        args.extra = [*vocab, "--model.draft_vocab.size", "8192", *args.extra]
+    vocab = vocab_flags(args.counts, 8192) if args.counts.is_file() else []
+    args.extra = [*vocab, *records_flags(args.base, args.steps), *args.extra]
     shipped = args.base.resolve() == (CONFIGS / "base.yaml").resolve()
-    keep = args.keep or (RESULTS / "ablation" / f"steps{args.steps}" if shipped else args.out / "kept")
-    args.out.mkdir(parents=True, exist_ok=True)
-    keep.mkdir(parents=True, exist_ok=True)
+    keep = keep_folder(args.keep, shipped, args.steps, args.out)
     recipes = args.only or RECIPES
     runs = [(recipe, seed) for recipe in recipes for seed in args.seeds]
     todo = {recipe for recipe, seed in runs if kept(keep, recipe, seed, args.base, args.extra) is None}
@@ -202,7 +221,8 @@ def main() -> None:
         print(f"{r['recipe']:<18} {r['seeds']:>5} {cells}")
     v6 = next((r for r in table if r["recipe"] == "v6"), None)
     best = table[0] if table else None
-    summary = {"steps": args.steps, "records": args.steps * batch, "seeds": args.seeds}
+    records = int(records_flags(args.base, args.steps)[1])
+    summary = {"steps": args.steps, "records": records, "seeds": args.seeds}
     summary["best"] = best and best["recipe"]
     if v6 and best and best["val/tau_ddtree_b32"] is not None and v6["val/tau_ddtree_b32"] is not None:
         margin = best["val/tau_ddtree_b32"] - v6["val/tau_ddtree_b32"]
