@@ -137,9 +137,9 @@ class Arm:
         cache = stage(self.keep, f"{self.name}.cache", timed_build)
         if timed_before and not self.fitted():
             build()
-            if not self.counts.is_file():
-                counts = ["--data.cache", str(self.cache), "--out", str(self.counts)]
-                spec_drafters("draft-vocab", *full, *counts)
+        if not self.fitted() and not self.counts.is_file():
+            counts = ["--data.cache", str(self.cache), "--out", str(self.counts)]
+            spec_drafters("draft-vocab", *full, *counts)
         return cache
 
     def fit(self, threads: int | None) -> dict:
