@@ -160,11 +160,14 @@ def vocab_flags(counts: Path, size: int | None) -> list[str]:
     return [*flags, "--model.draft_vocab.size", str(size)]
 
 
+def train_records(base: Path, steps: int) -> int:
+    """One epoch: ``steps x batch`` records, the same first ones for every run."""
+    return steps * yaml.safe_load(base.read_text())["data"]["batch_size"]
+
+
 def records_flags(base: Path, steps: int) -> list[str]:
-    """One epoch over the same first ``steps x batch`` records for every run (a later
-    --data.max_train_records among the extra flags wins)."""
-    batch = yaml.safe_load(base.read_text())["data"]["batch_size"]
-    return ["--data.max_train_records", str(steps * batch)]
+    """The flag for train_records (a later --data.max_train_records among the extra flags wins)."""
+    return ["--data.max_train_records", str(train_records(base, steps))]
 
 
 def keep_folder(keep: Path | None, shipped: bool, steps: int, out: Path) -> Path:
@@ -221,8 +224,7 @@ def main() -> None:
         print(f"{r['recipe']:<18} {r['seeds']:>5} {cells}")
     v6 = next((r for r in table if r["recipe"] == "v6"), None)
     best = table[0] if table else None
-    records = int(records_flags(args.base, args.steps)[1])
-    summary = {"steps": args.steps, "records": records, "seeds": args.seeds}
+    summary = {"steps": args.steps, "records": train_records(args.base, args.steps), "seeds": args.seeds}
     summary["best"] = best and best["recipe"]
     if v6 and best and best["val/tau_ddtree_b32"] is not None and v6["val/tau_ddtree_b32"] is not None:
         margin = best["val/tau_ddtree_b32"] - v6["val/tau_ddtree_b32"]
