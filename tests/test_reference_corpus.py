@@ -9,6 +9,7 @@ from spec_drafters.data.corpus import answer_batch
 from spec_drafters.data.reference_corpus import (
     assemble,
     docstring_items,
+    finish,
     generate_parts,
     mix,
     select_items,
@@ -88,13 +89,13 @@ def test_batched_left_padded_answers_equal_one_at_a_time_greedy():
 def test_generation_resumes_by_part_and_never_mixes_item_lists(tmp_path):
     loaded = _target()
     items = [{"id": f"m:{i}", "prompt": f"def f{i}(x):"} for i in range(5)]
-    generate_parts(items, loaded, tmp_path, part_size=2, batch_size=2, max_new_tokens=4)
+    assert generate_parts(items, loaded, tmp_path, part_size=2, batch_size=2, max_new_tokens=4) == 5
     parts = sorted(tmp_path.glob("part-*.jsonl.gz"))
     assert len(parts) == 3
     first = parts[0].read_bytes()
     stamp = parts[0].stat().st_mtime_ns
     parts[2].unlink()  # as if killed before the last part
-    generate_parts(items, loaded, tmp_path, part_size=2, batch_size=2, max_new_tokens=4)
+    assert generate_parts(items, loaded, tmp_path, part_size=2, batch_size=2, max_new_tokens=4) == 1
     assert parts[0].stat().st_mtime_ns == stamp and parts[2].is_file()  # kept, the missing one redone
     other = [{"id": f"other:{i}", "prompt": it["prompt"]} for i, it in enumerate(items)]
     generate_parts(other, loaded, tmp_path, part_size=2, batch_size=2, max_new_tokens=4)
@@ -106,6 +107,18 @@ def test_generation_resumes_by_part_and_never_mixes_item_lists(tmp_path):
     b = assemble(parts, tmp_path / "again.jsonl.gz")
     assert a["records"] == 5 and a["sha256"] == b["sha256"]
     assert (tmp_path / "all.jsonl.gz").read_bytes() == (tmp_path / "again.jsonl.gz").read_bytes()
+
+
+def test_a_run_that_only_assembles_keeps_the_generation_manifest(tmp_path):
+    part = tmp_path / "part-00000.jsonl.gz"
+    part.write_bytes(gzip.compress(b'{"id": "a"}\n', mtime=0))
+    first = finish([part], tmp_path, answered=1, threads=1, seconds=2440.8)
+    assert first["records"] == 1 and first["seconds"] == 2440.8
+    again = finish([part], tmp_path, answered=0, threads=2, seconds=23.9)  # nothing answered: kept
+    assert again == first == json.loads((tmp_path / "manifest.json").read_text())
+    part.write_bytes(gzip.compress(b'{"id": "a"}\n{"id": "b"}\n', mtime=0))  # other content: rewritten
+    assert finish([part], tmp_path, answered=0, threads=2, seconds=1.0)["seconds"] == 1.0
+    assert finish([part], tmp_path, answered=3, threads=2, seconds=5.0)["seconds"] == 5.0
 
 
 def test_mix_keeps_answer_splits_and_adds_train_windows_only(tmp_path):

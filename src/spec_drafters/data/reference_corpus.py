@@ -116,11 +116,12 @@ def generate_parts(
     batch_size: int,
     max_new_tokens: int,
     reverse: bool = False,
-) -> None:
-    """Answers ``items`` part by part into ``out``. A finished part is kept when it holds exactly the
-    items this run would put there (another Python's standard library gives other items: then the
-    part is answered again, never mixed in). Each part is checked again just before it is answered,
-    so two processes can share ``out``, one of them going from the last part back (``reverse``)."""
+) -> int:
+    """Answers ``items`` part by part into ``out``; returns how many prompts this call answered.
+    A finished part is kept when it holds exactly the items this run would put there (another
+    Python's standard library gives other items: then the part is answered again, never mixed in).
+    Each part is checked again just before it is answered, so two processes can share ``out``, one
+    of them going from the last part back (``reverse``)."""
     from tqdm import tqdm
 
     out.mkdir(parents=True, exist_ok=True)
@@ -133,6 +134,7 @@ def generate_parts(
     done = {s for s in starts if finished(s)}
     bar = tqdm(total=len(items), initial=sum(len(items[s : s + part_size]) for s in done), unit="prompt")
     bar.set_description("answering")
+    answered_here = 0
     for s in reversed(starts) if reverse else starts:
         if s in done or finished(s):  # answered before, or meanwhile by the other process
             continue
@@ -146,7 +148,9 @@ def generate_parts(
                 answered[i] = rec
             bar.update(len(idx))
         _write_part(out / f"part-{s // part_size:05d}.jsonl.gz", [answered[i] for i in range(len(part))])
+        answered_here += len(part)
     bar.close()
+    return answered_here
 
 
 def assemble(parts: list[Path], out: Path) -> dict:
@@ -163,6 +167,21 @@ def assemble(parts: list[Path], out: Path) -> dict:
                     n += 1
     os.replace(tmp, out)
     return {"records": n, "sha256": digest.hexdigest(), "file": out.name}  # beside manifest.json
+
+
+def finish(parts: list[Path], out: Path, answered: int, **meta) -> dict:
+    """Assembles ``parts`` into ``out/corpus.jsonl.gz`` and writes ``out/manifest.json`` (counts, sha256
+    and ``meta``: the run's threads and seconds). A run that answered nothing (``answered == 0``) and
+    assembled the same content keeps the manifest that is there: rewriting it would record this
+    run's seconds of joining parts as the corpus's generation cost."""
+    manifest = assemble(parts, out / "corpus.jsonl.gz")
+    path = out / "manifest.json"
+    kept = json.loads(path.read_text()) if path.is_file() else {}
+    if not answered and kept.get("sha256") == manifest["sha256"]:
+        return kept
+    manifest.update(meta)
+    path.write_text(json.dumps(manifest, indent=1) + "\n")
+    return manifest
 
 
 def mix(answers: Path, source: Path | None, source_records: int, out: Path) -> dict:
@@ -250,17 +269,22 @@ def main(argv: list[str] | None = None) -> None:
         from spec_drafters.target.loaders import EmbeddedSmolLM2
 
         target = EmbeddedSmolLM2().load()
-        generate_parts(items, target, out, args.part_size, args.batch_size, args.max_new_tokens, args.reverse)
+        answered = generate_parts(
+            items, target, out, args.part_size, args.batch_size, args.max_new_tokens, args.reverse
+        )
         parts = [out / f"part-{i:05d}.jsonl.gz" for i in range(-(-len(items) // args.part_size))]
         missing = [p.name for p in parts if not p.is_file()]
         if missing:  # another process is still answering them: the last one to finish assembles
             print(f"{len(missing)} parts still being answered elsewhere ({missing[0]}...); run again")
             return
     else:
+        answered = len(items)
         parts = [out / "part-00000.jsonl.gz"]
         _write_part(parts[0], items)
-    manifest = assemble(parts, out / "corpus.jsonl.gz")
-    manifest.update(
+    manifest = finish(
+        parts,
+        out,
+        answered,
         kind=args.kind,
         items=len(items),
         max_new_tokens=args.max_new_tokens,
@@ -269,7 +293,6 @@ def main(argv: list[str] | None = None) -> None:
         torch=torch.__version__,
         seconds=round(time.time() - t0, 1),
     )
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
     print(json.dumps(manifest))
 
 
