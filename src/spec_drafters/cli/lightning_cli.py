@@ -22,6 +22,11 @@ from lightning.pytorch.utilities.imports import _RICH_AVAILABLE
 from spec_drafters.cli.checks import check_argv_components, read_config, resolve_class
 from spec_drafters.cli.flags import instantiation_error
 from spec_drafters.errors import InputError, argument
+
+# Imported for its subclasses, not only for the names used here: jsonargparse resolves a short
+# `class_path: TrainingThroughput` only to a Callback subclass already imported, so any
+# SpecDraftersCLI (a subclass in a downstream project, a test) must see our callbacks at parse time.
+from spec_drafters.lightning.callbacks import RunProgressBar
 from spec_drafters.lightning.tracking import RunAimLogger
 from spec_drafters.registry import UnknownComponentError, load_components
 
@@ -163,8 +168,6 @@ class SpecDraftersCLI(LightningCLI):
     def _default_progress_bar(self) -> list | None:
         """The configured callbacks plus RunProgressBar where Lightning would add its default rich
         bar (progress bar enabled, none configured); None where it would add none."""
-        from spec_drafters.lightning.callbacks import RunProgressBar
-
         trainer_args = self._get(self.config_init, "trainer", default={})
         callbacks = trainer_args.get("callbacks") or []
         callbacks = callbacks if isinstance(callbacks, list) else [callbacks]
