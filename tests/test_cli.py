@@ -127,6 +127,21 @@ def test_unknown_name_inside_a_yaml_file_is_caught_too(tmp_path):
         main(["fit", "--config", TINY, "--config", str(cfg)])
 
 
+def test_unknown_names_inside_component_lists_are_caught_too(tmp_path):
+    """A list of components (eval_verifiers, a loss mix's terms) is checked item by item, with the
+    item's place in the flag; jsonargparse alone only says "expected a dot import path"."""
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("model:\n  eval_verifiers:\n    - class_path: GreedyChain\n    - class_path: DDTre\n")
+    with pytest.raises(SystemExit, match=r"--model\.eval_verifiers\[1\]: unknown verifier 'DDTre'.*ddtree"):
+        main(["fit", "--config", TINY, "--config", str(cfg)])
+    cfg.write_text(
+        "model:\n  loss:\n    class_path: LossMix\n    init_args:\n      coefficients: [0.1, 0.9]\n"
+        "      losses:\n        - class_path: HardCE\n        - class_path: TotalVariance\n"
+    )
+    with pytest.raises(SystemExit, match=r"loss\.init_args\.losses\[1\]: unknown loss 'TotalVariance'"):
+        main(["fit", "--config", TINY, "--config", str(cfg)])
+
+
 def test_class_path_and_registry_name_both_select_components(tmp_path):
     run = _fit(
         tmp_path,

@@ -9,7 +9,9 @@ import contextlib
 import importlib
 import inspect
 import typing
+from collections.abc import Sequence
 from pathlib import Path
+from types import UnionType
 
 import yaml
 
@@ -19,6 +21,26 @@ from spec_drafters.registry import UnknownComponentError, lookup, valid_names
 
 def _component_base(annotation) -> type | None:
     return annotation if inspect.isclass(annotation) and hasattr(annotation, "component_kind") else None
+
+
+def _component_list_base(annotation) -> type | None:
+    """The component kind of a ``list[Kind]`` parameter (also ``list[Kind] | None``), else None."""
+    options = (
+        typing.get_args(annotation) if typing.get_origin(annotation) in (typing.Union, UnionType) else ()
+    )
+    for option in (annotation, *options):
+        if typing.get_origin(option) in (list, tuple, Sequence) and typing.get_args(option):
+            return _component_base(typing.get_args(option)[0])
+    return None
+
+
+def _check_value(base: type, value, flag: str) -> None:
+    name = value if isinstance(value, str) else value.get("class_path") if isinstance(value, dict) else None
+    if name is None:
+        return
+    chosen = _resolve(base, name, flag)
+    if isinstance(value, dict):
+        check_components(chosen, value.get("init_args") or {}, f"{flag}.init_args")
 
 
 def _resolve(base: type, name: str, flag: str) -> type:
@@ -48,17 +70,16 @@ def check_components(cls: type, init_args: dict, flag: str) -> None:
     except Exception:  # unresolvable annotations: nothing we can check
         return
     for key, value in (init_args or {}).items():
+        if value is None:
+            continue
         base = _component_base(hints.get(key))
-        if base is None or value is None:
+        if base is not None:
+            _check_value(base, value, f"{flag}.{key}")
             continue
-        name = (
-            value if isinstance(value, str) else value.get("class_path") if isinstance(value, dict) else None
-        )
-        if name is None:
-            continue
-        chosen = _resolve(base, name, f"{flag}.{key}")
-        if isinstance(value, dict):
-            check_components(chosen, value.get("init_args") or {}, f"{flag}.{key}.init_args")
+        base = _component_list_base(hints.get(key))
+        if base is not None and isinstance(value, list):  # e.g. eval_verifiers, a loss mix's losses
+            for i, item in enumerate(value):
+                _check_value(base, item, f"{flag}.{key}[{i}]")
 
 
 def config_paths(argv: list[str]) -> list[str]:
