@@ -28,8 +28,24 @@ def test_bad_records_and_long_or_empty_ones(tmp_path, caplog):
     data.write_text('{"prompt": "a", "response": "b", "split": "train"}\n{"prompt": oops}\n')
     with pytest.raises(SystemExit, match=r"^spec-drafters: error: .*d.jsonl:2: not valid JSON"):
         main([*TINY, "--data.path", str(data), "--trainer.default_root_dir", str(tmp_path)])
-    with pytest.raises(FileNotFoundError, match=r"--data.path: no file"):
+    with pytest.raises(SystemExit, match=r"^spec-drafters: error: --data.path: no file .*missing.jsonl"):
         main([*TINY, "--data.path", str(tmp_path / "missing.jsonl")])
+
+
+def test_missing_files_are_one_line_errors_naming_the_flag(tmp_path):
+    """A path that is not there: one line naming the flag, no traceback (it was a bare traceback)."""
+    from spec_drafters.data.records import iter_jsonl
+    from spec_drafters.errors import MissingFile
+
+    error = r"^spec-drafters: error: "
+    with pytest.raises(SystemExit, match=error + r"--data.cache: no index.json in .*nocache"):
+        main([*TINY, "--data.cache", str(tmp_path / "nocache")])
+    counts = ["--model.draft_vocab", "FrequentTokens", "--model.draft_vocab.init_args.counts"]
+    with pytest.raises(SystemExit, match=error + r"--model.draft_vocab: no token counts file .*none.json"):
+        main([*TINY, *counts, str(tmp_path / "none.json"), "--model.draft_vocab.init_args.size", "16"])
+    with pytest.raises(FileNotFoundError):  # library callers catching FileNotFoundError keep working
+        next(iter_jsonl(tmp_path / "missing.jsonl"))
+    assert issubclass(MissingFile, ValueError)
 
 
 def test_bad_target_layers_and_mask_tokens_name_the_flag_and_field(tmp_path):

@@ -15,6 +15,12 @@ class InputError(ValueError):
     """A file, flag or field that cannot be used; the message names it (file:line, or the field)."""
 
 
+class MissingFile(InputError, FileNotFoundError):
+    """A file or folder the user named is not there. Also a FileNotFoundError, so callers catching
+    that keep working; an InputError, so the CLI prints one line (tagged with the flag by
+    :class:`argument` where it came through a component)."""
+
+
 def read_json(path: str | Path):
     """A user's JSON file; a missing file, bad bytes or malformed JSON name the file (and line)."""
     path = Path(path)

@@ -38,7 +38,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from spec_drafters.errors import InputError
+from spec_drafters.errors import InputError, MissingFile
 from spec_drafters.target.features import FeatureSpec
 from spec_drafters.target.loaders import sha256_file
 
@@ -235,9 +235,7 @@ class CachedRecords(torch.utils.data.Dataset):
         a format-1 cache must equal token for token (it did not record what it was built from)."""
         path = Path(path)
         if not (path / "index.json").is_file():
-            raise FileNotFoundError(
-                f"--data.cache: no index.json in {path} (build it with spec-drafters cache)"
-            )
+            raise MissingFile(f"--data.cache: no index.json in {path} (build it with spec-drafters cache)")
         index = json.loads((path / "index.json").read_text())
         meta = index["meta"]
         legacy = meta.get("format", 1) < 2

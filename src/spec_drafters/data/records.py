@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import DistributedSampler
 
-from spec_drafters.errors import InputError
+from spec_drafters.errors import InputError, MissingFile
 
 
 def iter_jsonl(path: str | Path, flag: str = "--data.path"):
@@ -25,9 +25,7 @@ def iter_jsonl(path: str | Path, flag: str = "--data.path"):
     """
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(
-            f"{flag}: no file {path} (run from the repository root, or give an absolute path)"
-        )
+        raise MissingFile(f"{flag}: no file {path} (run from the repository root, or give an absolute path)")
     opener = gzip.open if path.suffix == ".gz" else open
     with opener(path, "rb") as fh:  # bytes, decoded line by line: a bad byte names its line
         for lineno, raw in enumerate(fh, 1):

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from spec_drafters.errors import MissingFile
 from spec_drafters.registry import register
 
 
@@ -89,7 +90,7 @@ class FolderVocab(DraftVocab):
 
         file = Path(self.path) / "model.safetensors"
         if not file.is_file():
-            raise FileNotFoundError(f"{self.path}: no model.safetensors (a drafter folder holds it)")
+            raise MissingFile(f"{self.path}: no model.safetensors (a drafter folder holds it)")
         with safe_open(str(file), framework="pt") as f:
             keys = set(f.keys())
             if "draft_ids" in keys:
@@ -111,7 +112,7 @@ class FolderVocab(DraftVocab):
 def read_counts(path: str | Path) -> dict[int, int]:
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"no token counts file {path} (write one with spec-drafters draft-vocab)")
+        raise MissingFile(f"no token counts file {path} (write one with spec-drafters draft-vocab)")
     try:
         data = json.loads(path.read_text())
         return {int(k): int(v) for k, v in data["counts"].items()}

