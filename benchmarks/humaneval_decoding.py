@@ -126,6 +126,9 @@ def drafter_identity(args) -> dict:
         "weights": os.path.relpath(weights, ROOT) if weights else None,
         "sha256": digest,
         "config": args.config,
+        # the files' contents too: an overlay edited between sessions (another budget, another
+        # prompt set) must not merge into the pieces measured with the old one
+        "config_sha256": [hashlib.sha256((ROOT / c).read_bytes()).hexdigest()[:16] for c in args.config],
         "extra": args.extra,
         "num_prompts": args.num_prompts,
         "parts": args.parts,
@@ -140,8 +143,9 @@ def check_identity(args, folder: Path) -> None:
     file = folder / "drafter.json"
     if file.is_file():
         theirs = json.loads(file.read_text())
-        if theirs != mine:
-            diff = sorted(k for k in mine if theirs.get(k) != mine[k])
+        older = {"config_sha256"} - set(theirs)  # folders written before it was recorded
+        diff = sorted(k for k in mine if k not in older and theirs.get(k) != mine[k])
+        if diff:
             raise SystemExit(
                 f"{folder} holds pieces of another run (differs in {', '.join(diff)}): "
                 "use another --name, or delete the folder to measure again"

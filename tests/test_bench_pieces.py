@@ -52,6 +52,24 @@ def test_pieces_of_another_drafter_or_setting_are_refused(bench, tmp_path):
         bench.check_identity(args(drafter), out)
 
 
+def test_an_edited_overlay_is_another_setting_but_older_folders_continue(bench, tmp_path):
+    import json
+
+    overlay = tmp_path / "overlay.yaml"
+    overlay.write_text("model:\n  eval_verifiers: []\n")
+    out = tmp_path / "pieces"
+    out.mkdir()
+    setting = args(tmp_path, config=[str(overlay)], extra=[])
+    bench.check_identity(setting, out)
+    overlay.write_text("model:\n  eval_verifiers: [ddtree]\n")  # edited between sessions
+    with pytest.raises(SystemExit, match="differs in config_sha256"):
+        bench.check_identity(setting, out)
+    older = json.loads((out / "drafter.json").read_text())
+    del older["config_sha256"]  # a folder written before the contents were hashed
+    (out / "drafter.json").write_text(json.dumps(older))
+    bench.check_identity(setting, out)
+
+
 def test_the_drafter_is_found_where_validate_would_take_it(bench, tmp_path):
     config = tmp_path / "overlay.yaml"
     config.write_text("model:\n  init_from: registry/drafters/x\n")
