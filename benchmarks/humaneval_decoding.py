@@ -45,15 +45,21 @@ DECODERS = {
     "_ddtree_b32": "ddtree B=32",
     "_ddtree_b64": "ddtree B=64",
     "_adaptive_ddtree_b64": "adaptive B<=64",
+    "_lookup_hybrid_greedy_chain": "chain + lookup",
+    "_lookup_hybrid_ddtree_b8": "ddtree B=8 + lookup",
+    "_lookup_hybrid_adaptive_ddtree_b64": "adaptive + lookup",
     "_prompt_lookup": "prompt lookup",
 }
 KEYS = ("new_tokens", "rounds", "committed", "tau", "seconds", "tokens_per_s", "speedup", "lossless")
 GREEDY = ("greedy_tokens", "greedy_seconds", "greedy_tokens_per_s")
 
 
-def overlay(folder: Path, cost_model: str | None, chain_depths: list[int] | None = None) -> Path:
-    """configs/bench_humaneval.yaml, plus the adaptive verifier when a cost model is given and the
-    chains cut at ``chain_depths``."""
+def overlay(
+    folder: Path, cost_model: str | None, chain_depths: list[int] | None = None, lookup: bool = False
+) -> Path:
+    """configs/bench_humaneval.yaml, plus the adaptive verifier when a cost model is given, the
+    chains cut at ``chain_depths``, and with ``lookup`` the chain, DDTree B = 8 and the adaptive tree
+    each with a branch copied from the context (``LookupHybrid``, as many tokens as prompt lookup)."""
     import yaml
 
     cfg = yaml.safe_load((ROOT / "configs" / "bench_humaneval.yaml").read_text())
@@ -65,6 +71,13 @@ def overlay(folder: Path, cost_model: str | None, chain_depths: list[int] | None
     for depth in chain_depths or []:
         verifier = {"class_path": "GreedyChain", "init_args": {"max_depth": depth}}
         cfg["trainer"]["callbacks"][0]["init_args"]["verifiers"].append(verifier)
+    if lookup:
+        callback = cfg["trainer"]["callbacks"][0]["init_args"]
+        inner = [{"class_path": "GreedyChain"}, {"class_path": "DDTree", "init_args": {"budget": 8}}]
+        inner += [v for v in callback["verifiers"] if v["class_path"] == "AdaptiveDDTree"]
+        for v in inner:
+            hybrid = {"verifier": v, "length": callback["prompt_lookup_tokens"]}
+            callback["verifiers"].append({"class_path": "LookupHybrid", "init_args": hybrid})
     path = folder / "overlay.yaml"
     path.write_text(yaml.safe_dump(cfg, sort_keys=False))
     return path
@@ -134,6 +147,7 @@ def drafter_identity(args) -> dict:
         "parts": args.parts,
         "cost_model": bool(args.cost_model),
         **({"chain_depths": args.chain_depth} if args.chain_depth else {}),  # absent in older folders
+        **({"lookup": True} if args.lookup else {}),
     }
 
 
@@ -225,13 +239,16 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=1, help="pieces running at a time")
     ap.add_argument("--cost_model", help="a spec-drafters cost-model JSON: adds the adaptive DDTree")
     ap.add_argument("--chain_depth", type=int, nargs="+", help="adds chains verifying only D drafts")
+    ap.add_argument(
+        "--lookup", action="store_true", help="adds the chain, DDTree B=8 (and adaptive) with context drafts"
+    )
     ap.add_argument("--name", default="drafter", help="a label for the results line")
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "humaneval_decoding"))
     args, args.extra = ap.parse_known_args()  # the rest (--model.*, --data.*) goes to validate
     folder = Path(args.out) / args.name
     folder.mkdir(parents=True, exist_ok=True)
     check_identity(args, folder)
-    run_parts(args, folder, overlay(folder, args.cost_model, args.chain_depth))
+    run_parts(args, folder, overlay(folder, args.cost_model, args.chain_depth, args.lookup))
     rows = summaries(merged_rows(args, folder))
     prompts = args.num_prompts
     greedy = sum(r["greedy_tokens_per_s"] for r in rows) / len(rows)  # the same greedy runs for all

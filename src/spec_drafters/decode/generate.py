@@ -183,7 +183,7 @@ def _speculative(
         # A round commits at most depth + 1 tokens; never draft past the budget.
         depth = min(cfg.block_size, max_new_tokens - len(tokens)) - 1
         path, committed = speculative_round(
-            target, drafter, fc_ids, verifier, cache, context, bonus, start, depth
+            target, drafter, fc_ids, verifier, cache, context, bonus, start, depth, prompt + tokens
         )
         accept_lengths.append(len(path))
         tokens, done = _finish(tokens + committed, max_new_tokens, eos)
@@ -202,8 +202,11 @@ def speculative_round(
     bonus: int,
     start: int,
     depth: int,
+    history: list[int] | None = None,
 ) -> tuple[list[int], list[int]]:
     """One round from the bonus token at ``start``: draft ``depth`` slots, verify, commit.
+    ``history`` (the prompt and the committed tokens, ``bonus`` last) is what a verifier may copy
+    drafts from (``Verifier.with_context``).
 
     Returns the accepted path (node indices, the root first) and the committed tokens (accepted
     drafts, then the next bonus); the target cache and the drafter context grow by the path.
@@ -212,6 +215,7 @@ def speculative_round(
     tree = verifier.propose(_draft_logits(target, drafter, context, bonus, start, depth))
     if drafter.draft_ids is not None:  # draft-vocabulary indices -> target token ids
         tree.tokens = drafter.draft_ids[tree.tokens].tolist()
+    tree = verifier.with_context(tree, history if history is not None else [bonus], depth)
     ids = [bonus, *tree.tokens]  # node 0 is the bonus (the root)
     parents = [-1, *(p + 1 for p in tree.parents)]
     depths = [0, *tree.depths]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from spec_drafters.decode.acceptance import accepted_depth
+from spec_drafters.decode.lookup import graft, lookup_continuation
 from spec_drafters.model.tree import DraftTree, build_tree
 from spec_drafters.registry import name_of, register
 
@@ -28,6 +29,12 @@ class Verifier:
     def propose(self, draft_logits: torch.Tensor) -> DraftTree:
         """The draft tree of one drafter pass, from its per-slot logits (D, V), D = K-1 or fewer."""
         raise NotImplementedError
+
+    def with_context(self, tree: DraftTree, history: list[int], depth: int) -> DraftTree:
+        """The round's tree once its tokens are target token ids (after a draft vocabulary's mapping):
+        a verifier may add drafts read from ``history`` (the prompt and every committed token, the
+        round's bonus token last), at most ``depth`` deep. By default the tree stays as proposed."""
+        return tree
 
     def label(self) -> str:
         """How metrics and results name this verifier: its registry name and what sets its size."""
@@ -170,3 +177,49 @@ class AdaptiveDDTree(DDTree):
             return tree
         b = self.choose(tree)
         return DraftTree(tree.tokens[:b], tree.parents[:b], tree.depths[:b], tree.scores[:b])
+
+
+@register("verifier", "lookup_hybrid")
+class LookupHybrid(Verifier):
+    """Another verifier's draft tree plus one branch copied from the context (prompt lookup).
+
+    Every round the tree of ``verifier`` gets the tokens that followed the most recent earlier
+    occurrence of the sequence's last n tokens (n from ``max_ngram`` down to ``min_ngram``), at most
+    ``length`` of them, grafted on where they leave the tree (decode/lookup.py). One verify forward
+    checks both: the drafter's guesses and the copy. Verification is unchanged, so decoding stays
+    lossless; the copy costs no model pass, only the verify forward's extra tokens
+    (docs/verifiers.md, "Context drafts").
+
+    Offline (teacher-forced) metrics are the inner verifier's: a block there has no context to copy
+    from.
+
+    Args:
+        verifier: the drafter's verifier (default: the greedy chain).
+        max_ngram: the longest suffix matched against the context.
+        min_ngram: the shortest (1: a single repeated token is enough).
+        length: at most this many copied tokens a round (never deeper than the round's drafts).
+    """
+
+    def __init__(
+        self, verifier: Verifier | None = None, max_ngram: int = 2, min_ngram: int = 1, length: int = 7
+    ):
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram} and {max_ngram}")
+        if length < 1:
+            raise ValueError(f"length must be >= 1, got {length}")
+        self.verifier = verifier if verifier is not None else GreedyChain()
+        self.max_ngram, self.min_ngram, self.length = max_ngram, min_ngram, length
+
+    def label(self) -> str:
+        return f"{name_of(self)}_{self.verifier.label()}"
+
+    def offline_accepted(self, draft_logits, labels, valid):
+        return self.verifier.offline_accepted(draft_logits, labels, valid)
+
+    def propose(self, draft_logits):
+        return self.verifier.propose(draft_logits)
+
+    def with_context(self, tree, history, depth):
+        tree = self.verifier.with_context(tree, history, depth)
+        copy = lookup_continuation(history, self.max_ngram, self.min_ngram, min(self.length, depth))
+        return graft(tree, copy) if copy else tree
