@@ -55,14 +55,30 @@ GREEDY = ("greedy_tokens", "greedy_seconds", "greedy_tokens_per_s")
 
 
 def overlay(
-    folder: Path, cost_model: str | None, chain_depths: list[int] | None = None, lookup: bool = False
+    folder: Path,
+    cost_model: str | None,
+    chain_depths: list[int] | None = None,
+    lookup: bool = False,
+    budgets: list[int] | None = None,
 ) -> Path:
-    """configs/bench_humaneval.yaml, plus the adaptive verifier when a cost model is given, the
+    """configs/bench_humaneval.yaml (its DDTrees only at ``budgets`` when given: a B = 64 tree alone
+    takes twice plain greedy's time here), plus the adaptive verifier when a cost model is given, the
     chains cut at ``chain_depths``, and with ``lookup`` the chain, DDTree B = 8 and the adaptive tree
     each with a branch copied from the context (``LookupHybrid``, as many tokens as prompt lookup)."""
     import yaml
 
     cfg = yaml.safe_load((ROOT / "configs" / "bench_humaneval.yaml").read_text())
+    if budgets:
+        callback = cfg["trainer"]["callbacks"][0]["init_args"]
+        known = {v["init_args"]["budget"] for v in callback["verifiers"] if v["class_path"] == "DDTree"}
+        if set(budgets) - known:
+            unknown = sorted(set(budgets) - known)
+            raise SystemExit(f"--budgets {unknown}: the benchmark's DDTree budgets are {sorted(known)}")
+        callback["verifiers"] = [
+            v
+            for v in callback["verifiers"]
+            if v["class_path"] != "DDTree" or v["init_args"]["budget"] in budgets
+        ]
     if cost_model:
         callback = cfg["trainer"]["callbacks"][0]["init_args"]
         callback["verifiers"].append(
@@ -148,6 +164,7 @@ def drafter_identity(args) -> dict:
         "cost_model": bool(args.cost_model),
         **({"chain_depths": args.chain_depth} if args.chain_depth else {}),  # absent in older folders
         **({"lookup": True} if args.lookup else {}),
+        **({"budgets": sorted(args.budgets)} if args.budgets else {}),
     }
 
 
@@ -239,6 +256,7 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=1, help="pieces running at a time")
     ap.add_argument("--cost_model", help="a spec-drafters cost-model JSON: adds the adaptive DDTree")
     ap.add_argument("--chain_depth", type=int, nargs="+", help="adds chains verifying only D drafts")
+    ap.add_argument("--budgets", type=int, nargs="+", help="only these of the DDTree budgets 8 16 32 64")
     ap.add_argument(
         "--lookup", action="store_true", help="adds the chain, DDTree B=8 (and adaptive) with context drafts"
     )
@@ -248,7 +266,7 @@ def main() -> None:
     folder = Path(args.out) / args.name
     folder.mkdir(parents=True, exist_ok=True)
     check_identity(args, folder)
-    run_parts(args, folder, overlay(folder, args.cost_model, args.chain_depth, args.lookup))
+    run_parts(args, folder, overlay(folder, args.cost_model, args.chain_depth, args.lookup, args.budgets))
     rows = summaries(merged_rows(args, folder))
     prompts = args.num_prompts
     greedy = sum(r["greedy_tokens_per_s"] for r in rows) / len(rows)  # the same greedy runs for all

@@ -31,6 +31,8 @@ def args(folder: Path, **kw) -> argparse.Namespace:
         "parts": 8,
         "cost_model": None,
         "chain_depth": None,
+        "lookup": False,
+        "budgets": None,
     }
     return argparse.Namespace(**(base | kw))
 
@@ -68,6 +70,38 @@ def test_an_edited_overlay_is_another_setting_but_older_folders_continue(bench, 
     del older["config_sha256"]  # a folder written before the contents were hashed
     (out / "drafter.json").write_text(json.dumps(older))
     bench.check_identity(setting, out)
+
+
+def test_every_decoder_of_the_overlay_has_a_row_in_the_table(bench, tmp_path):
+    """The summary table names decoders by label: a verifier the overlay adds but the table does not
+    know would be dropped from it silently."""
+    import yaml
+
+    from spec_drafters.decode import verifiers
+
+    def make(v: dict):
+        args = dict(v.get("init_args") or {})
+        if "verifier" in args:
+            args["verifier"] = make(args["verifier"])
+        return getattr(verifiers, v["class_path"])(**args)
+
+    cost = tmp_path / "cost.json"
+    cost.write_text('{"tokens": [1, 2], "verify": [1.0, 1.5], "draft": 0.1}')
+    path = bench.overlay(tmp_path, str(cost), [2], lookup=True, budgets=[8, 32])
+    callback = yaml.safe_load(path.read_text())["trainer"]["callbacks"][0]["init_args"]
+    labels = ["_" + make(v).label() for v in callback["verifiers"]]
+    assert labels == [
+        "_ddtree_b8",
+        "_ddtree_b32",
+        "_adaptive_ddtree_b64",
+        "_greedy_chain_d2",
+        "_lookup_hybrid_greedy_chain",
+        "_lookup_hybrid_ddtree_b8",
+        "_lookup_hybrid_adaptive_ddtree_b64",
+    ]
+    assert all(label in bench.DECODERS for label in labels if "_d2" not in label)  # depths: own rows
+    with pytest.raises(SystemExit, match="budgets are"):
+        bench.overlay(tmp_path, None, budgets=[12])
 
 
 def test_the_drafter_is_found_where_validate_would_take_it(bench, tmp_path):
