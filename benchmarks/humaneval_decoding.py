@@ -136,6 +136,21 @@ def _config_init_from(configs: list[str]) -> str | None:
     return value
 
 
+def config_content(config: str) -> str:
+    """A short hash of a config file's parsed content without ``trainer.callbacks``: the benchmark's
+    overlay replaces that list (the demo's own decoding callback is not what the pieces measured)."""
+    import hashlib
+
+    import yaml
+
+    cfg = yaml.safe_load((ROOT / config).read_text()) or {}
+    if isinstance(cfg.get("trainer"), dict):
+        cfg["trainer"].pop("callbacks", None)
+        if not cfg["trainer"]:
+            del cfg["trainer"]
+    return hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def drafter_identity(args) -> dict:
     """What the pieces under one name must share: the drafter's weights (sha256) and the settings."""
     import hashlib
@@ -155,9 +170,9 @@ def drafter_identity(args) -> dict:
         "weights": os.path.relpath(weights, ROOT) if weights else None,
         "sha256": digest,
         "config": args.config,
-        # the files' contents too: an overlay edited between sessions (another budget, another
-        # prompt set) must not merge into the pieces measured with the old one
-        "config_sha256": [hashlib.sha256((ROOT / c).read_bytes()).hexdigest()[:16] for c in args.config],
+        # what the files say too: an overlay edited between sessions (another target setting, another
+        # data file) must not merge into the pieces measured with the old one
+        "config_content": [config_content(c) for c in args.config],
         "extra": args.extra,
         "num_prompts": args.num_prompts,
         "parts": args.parts,
@@ -174,7 +189,7 @@ def check_identity(args, folder: Path) -> None:
     file = folder / "drafter.json"
     if file.is_file():
         theirs = json.loads(file.read_text())
-        older = {"config_sha256"} - set(theirs)  # folders written before it was recorded
+        older = {"config_content"} - set(theirs)  # folders written before it was recorded
         diff = sorted(k for k in mine if k not in older and theirs.get(k) != mine[k])
         if diff:
             raise SystemExit(
