@@ -227,7 +227,8 @@ def test_reference_eval_overlay_evaluates_the_folder_as_committed(tmp_path):
     assert torch.equal(model.drafter.fc.weight, trained.drafter.fc.weight)
     (callback,) = cli.trainer.callbacks
     assert callback.prompts.num_prompts == 4 and callback.max_new_tokens == 64
-    assert [v.budget for v in callback.verifiers] == [8] and callback.prompt_lookup_tokens == 7
+    assert [v.label() for v in callback.verifiers] == ["ddtree_b8", "lookup_hybrid_ddtree_b8"]
+    assert callback.prompt_lookup_tokens == 7
     assert cli.config["validate"]["data"]["path"] == "data/reference/answers/corpus.jsonl.gz"
     quickstart = instantiate("validate", "--config", str(CONFIGS / "quickstart.yaml")).trainer.callbacks
     (demo,) = [c for c in quickstart if type(c) is type(callback)]
