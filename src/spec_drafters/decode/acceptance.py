@@ -12,6 +12,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 
+def child_index(tokens: list[int], parents: list[int]) -> dict[int, dict[int, int]]:
+    """parent -> {token: child}; of two children with the same token the first one counts."""
+    children: dict[int, dict[int, int]] = {}
+    for i, (t, p) in enumerate(zip(tokens, parents, strict=True)):
+        children.setdefault(p, {}).setdefault(t, i)
+    return children
+
+
 def accepted_nodes(
     tokens: list[int], parents: list[int], next_token: Callable[[int, int], int | None]
 ) -> list[int]:
@@ -22,9 +30,7 @@ def accepted_nodes(
     ``depth`` (0 at the root), or None where it is unknown (the walk stops there). Two children with
     the same token: the first one is followed.
     """
-    children: dict[int, dict[int, int]] = {}
-    for i, (t, p) in enumerate(zip(tokens, parents, strict=True)):
-        children.setdefault(p, {}).setdefault(t, i)
+    children = child_index(tokens, parents)
     path: list[int] = []
     node = -1
     while (want := next_token(node, len(path))) is not None and (

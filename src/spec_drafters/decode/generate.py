@@ -177,15 +177,17 @@ def _speculative(
     context.append(_features(out, fc_ids, list(range(len(prompt)))))  # positions 0..P-1
     bonus = int(target.head(out.hidden[:, -1]).argmax(-1))
     tokens, done = _finish([bonus], max_new_tokens, eos)
+    history = [*prompt, bonus]  # what a verifier may copy from; grows by each round's commit
     accept_lengths: list[int] = []
     start = len(prompt)  # position of the bonus token
     while not done:
         # A round commits at most depth + 1 tokens; never draft past the budget.
         depth = min(cfg.block_size, max_new_tokens - len(tokens)) - 1
         path, committed = speculative_round(
-            target, drafter, fc_ids, verifier, cache, context, bonus, start, depth, prompt + tokens
+            target, drafter, fc_ids, verifier, cache, context, bonus, start, depth, history
         )
         accept_lengths.append(len(path))
+        history += committed
         tokens, done = _finish(tokens + committed, max_new_tokens, eos)
         start += len(path)
         bonus = committed[-1]

@@ -9,6 +9,7 @@ says how ``lookup_hybrid`` (decode/verifiers.py) adds it to a drafter's tree.
 
 from __future__ import annotations
 
+from spec_drafters.decode.acceptance import child_index
 from spec_drafters.model.tree import DraftTree
 
 
@@ -35,9 +36,7 @@ def graft(tree: DraftTree, path: list[int]) -> DraftTree:
     the drafter's. The tree's own nodes and their order are unchanged."""
     tokens, parents = list(tree.tokens), list(tree.parents)
     depths, scores = list(tree.depths), list(tree.scores)
-    children: dict[int, dict[int, int]] = {}
-    for i, (t, p) in enumerate(zip(tokens, parents, strict=True)):
-        children.setdefault(p, {}).setdefault(t, i)
+    children = child_index(tokens, parents)  # the walk's own rule for which child a token follows
     node = -1
     for d, t in enumerate(path, start=1):
         nxt = children.get(node, {}).get(t)
