@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -12,6 +15,21 @@ from spec_drafters.target.loaders import TinyRandom
 
 load_components()
 torch.set_num_threads(2)
+
+ROOT = Path(__file__).resolve().parent.parent
+# What Lightning writes into the working directory when a run has no logger and no default_root_dir.
+STRAY = ("calibration.json", "config.yaml", "config_validate.yaml", "config_test.yaml", "lightning_logs")
+
+
+@pytest.fixture(autouse=True)
+def nothing_written_into_the_checkout():
+    """A test's runs write under its tmp_path, never into the repository root."""
+    before = {name for name in STRAY if (ROOT / name).exists()}
+    yield
+    stray = sorted({name for name in STRAY if (ROOT / name).exists()} - before)
+    for name in stray:
+        shutil.rmtree(ROOT / name) if (ROOT / name).is_dir() else (ROOT / name).unlink()
+    assert not stray, f"the test wrote {stray} into the repository root: give its run a tmp_path folder"
 
 
 def tiny_target(

@@ -194,8 +194,9 @@ def test_validate_runs_real_speculative_decoding_on_humaneval_prompts(fitted, tm
     # Without a logger, an absolute output path still gets the rows; part 1 of 2 is prompts 1 and 2.
     main(
         ["validate", "--config", TINY, "--ckpt_path", str(ckpt), "--trainer.precision", "64-true",
-         "--trainer.logger", "false", "--results", str(tmp_path / "part.json"),
-         "--trainer.callbacks+=SpeculativeDecodingEval", "--trainer.callbacks.max_new_tokens", "16",
+         "--trainer.logger", "false", "--trainer.default_root_dir", str(tmp_path),
+         "--results", str(tmp_path / "part.json"), "--trainer.callbacks+=SpeculativeDecodingEval",
+         "--trainer.callbacks.max_new_tokens", "16",
          "--trainer.callbacks.prompts", "HumanEvalPrompts", "--trainer.callbacks.prompts.num_prompts", "3",
          "--trainer.callbacks.prompts.part", "1", "--trainer.callbacks.prompts.parts", "2",
          "--trainer.callbacks.output", str(tmp_path / "part.jsonl")]
