@@ -9,7 +9,8 @@ and read the same labels share one cache (built with the label hidden state, so 
 it too). Every stage is resumable: run again, it continues (outputs under --out, git-ignored). A
 finished run's row (its metrics, the commit, a hash of its two config files) is also kept in --keep
 (default results/ablation/steps<N>, committed; a smoke run on another base keeps them under --out),
-so a checkout that lost --out re-runs, and rebuilds caches for, only the runs not kept. The table gives
+so a checkout that lost --out re-runs, and rebuilds caches for, only the runs not kept. Only the whole
+table (every recipe, the shipped base) is appended to results/ablation.jsonl. The table gives
 each recipe's mean over seeds and its spread (max - min), so a difference can be told from noise.
 
 Equal compute, cheaply: every run trains one epoch over the same first ``steps x batch_size``
@@ -230,10 +231,14 @@ def main() -> None:
         margin = best["val/tau_ddtree_b32"] - v6["val/tau_ddtree_b32"]
         noise = max(best["val/tau_ddtree_b32 spread"], v6["val/tau_ddtree_b32 spread"])
         summary.update(best_minus_v6_ddtree_tau=margin, beats_v6_beyond_spread=margin > noise)
-    if shipped:
-        record("ablation", rows, {**summary, "table": table})
-    else:  # a smoke run on another base (a tiny target) is not a result
+    if not shipped:  # a smoke run on another base (a tiny target) is not a result
         print(f"not appended to benchmarks/results: --base {args.base} is not configs/ablation/base.yaml")
+    elif args.only and set(recipes) != set(RECIPES):  # a partial table would read as the whole answer
+        print(
+            f"not appended to benchmarks/results: --only runs part of the table; its rows are kept in {keep}"
+        )
+    else:
+        record("ablation", rows, {**summary, "table": table})
 
 
 if __name__ == "__main__":
