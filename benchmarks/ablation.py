@@ -17,7 +17,8 @@ Equal compute, cheaply: every run trains one epoch over the same first ``steps x
 training records, and the caches hold those records only. Caches are built by two 1-thread
 builders from both ends, and ``--workers`` fits run at once with ``--threads`` each (two 1-thread
 processes keep 2 cores busier than one 2-thread process here: benchmarks/README.md, "Reference
-drafter"); a fit's wall time then depends on its neighbour, so ``fit_s`` is not a speed comparison.
+drafter"); a fit's wall time then depends on its neighbour, so ``fit_s`` is not a speed comparison
+(and a resumed fit's ``fit_s`` is its last process's only: ``fit_resumed`` marks those rows).
 
     python benchmarks/ablation.py [--steps 400] [--seeds 0 1] [--only v6 tree_coverage] \
         [--out runs/ablation] [--workers 2 --threads 1]
@@ -104,6 +105,7 @@ def train(
     result = run / "fit.json"
     if not result.is_file():
         last = run / "checkpoints" / "last.ckpt"
+        resumed = last.is_file()
         t0 = time.perf_counter()
         trainer = {  # this run's own folders (JSON is YAML)
             "trainer": {
@@ -126,13 +128,15 @@ def train(
         spec_drafters(
             "fit", *configs(recipe, base), "--config", str(run / "trainer.yaml"), *extra,
             "--seed_everything", str(seed), "--model.seed", str(seed), "--data.cache", str(cache),
-            "--results", str(result), *(["--ckpt_path", str(last)] if last.is_file() else []),
+            "--results", str(result), *(["--ckpt_path", str(last)] if resumed else []),
             threads=threads,
         )  # fmt: skip
-        (run / "seconds").write_text(f"{time.perf_counter() - t0:.1f}\n")
+        # the last process's wall time: a resumed fit's earlier processes are not in it
+        (run / "seconds").write_text(f"{time.perf_counter() - t0:.1f} {'resumed' if resumed else ''}\n")
     metrics = json.loads(result.read_text())["metrics"]
-    seconds = float((run / "seconds").read_text()) if (run / "seconds").is_file() else None
-    row = {"recipe": recipe, "seed": seed, "fit_s": seconds, **{k: metrics.get(k) for k in METRICS}}
+    seconds = (run / "seconds").read_text().split() if (run / "seconds").is_file() else [None]
+    row = {"recipe": recipe, "seed": seed, "fit_s": seconds[0] and float(seconds[0])}
+    row.update(fit_resumed="resumed" in seconds, **{k: metrics.get(k) for k in METRICS})
     if keep is not None:
         meta = {"steps": steps, "git_sha": git_sha(), "config_sha1": config_hash(recipe, base, extra)}
         (keep / f"{name or recipe}-s{seed}.json").write_text(json.dumps({**row, **meta}) + "\n")

@@ -67,6 +67,25 @@ def test_an_unkept_ablation_run_trains_and_keeps_its_row(benchmarks, tmp_path, m
     assert kept["config_sha1"] == ablation.config_hash("v6", base, [])
     monkeypatch.setattr(ablation, "spec_drafters", lambda *a, **k: pytest.fail("ran again"))
     assert ablation.train("v6", 1, base, tmp_path / "gone", 400, Path(), [], keep=keep)["val/tau"] == 2.5
+    assert kept["fit_resumed"] is False and kept["fit_s"] >= 0
+
+
+def test_a_resumed_ablation_run_continues_from_its_checkpoint_and_says_so(benchmarks, tmp_path, monkeypatch):
+    ablation, _ = benchmarks
+    base = ablation.CONFIGS / "base.yaml"
+    calls = []
+
+    def fake_fit(*args, **kw):
+        calls.append(args)
+        Path(args[args.index("--results") + 1]).write_text(json.dumps({"metrics": {"val/tau": 2.5}}))
+
+    monkeypatch.setattr(ablation, "spec_drafters", fake_fit)
+    last = tmp_path / "out" / "v6-s0" / "checkpoints" / "last.ckpt"  # an interrupted fit's checkpoint
+    last.parent.mkdir(parents=True)
+    last.write_bytes(b"")
+    row = ablation.train("v6", 0, base, tmp_path / "out", 400, tmp_path / "cache", [])
+    assert calls[0][calls[0].index("--ckpt_path") + 1] == str(last)
+    assert row["fit_resumed"] is True  # its fit_s is the last process's only
 
 
 def test_a_kept_data_source_stage_is_not_run_again(benchmarks, tmp_path):
