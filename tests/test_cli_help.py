@@ -10,7 +10,7 @@ from spec_drafters.cli.main import COMMANDS, main
 
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")
 
-EVERY_COMMAND = sorted({*COMMANDS, "fit", "validate", "test"})
+EVERY_COMMAND = sorted({*COMMANDS, "fit", "validate"})
 
 
 @pytest.mark.parametrize("command", EVERY_COMMAND)

@@ -87,7 +87,7 @@ class SpecDraftersCLI(LightningCLI):
         return {
             k: v | {"weights_only"}
             for k, v in LightningCLI.subcommands().items()
-            if k in ("fit", "validate", "test")
+            if k in ("fit", "validate")  # no test split: held-out is validate's
         }
 
     def parse_arguments(self, parser, args) -> None:

@@ -36,9 +36,6 @@ COMMANDS: dict[str, Command] = {
         "results:run_validate",
         "offline metrics of a drafter (--ckpt_path); several side by side with --drafters A B ...",
     ),
-    "test": Command(
-        "results:run_test", "LightningCLI's test loop (the module has no test_step yet: use validate)"
-    ),
     "generate": Command(
         "generate:generate", "decode prompts with the drafter and a verifier: tau, speed, lossless"
     ),

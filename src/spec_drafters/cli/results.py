@@ -74,7 +74,7 @@ def _metrics(path: str) -> dict[str, float]:
     metrics = data.get("metrics") if isinstance(data, dict) else None
     if not isinstance(metrics, dict):
         raise InputError(
-            f"{path}: no 'metrics' object (compare reads the --results files of fit/validate/test)"
+            f"{path}: no 'metrics' object (compare reads the --results files of fit/validate)"
         )
     for k, v in metrics.items():
         if isinstance(v, bool) or not isinstance(v, (int, float)):
@@ -125,15 +125,7 @@ def _drafter_args(path: str) -> list[str]:
 
 def run_validate(argv: list[str]) -> None:
     """``spec-drafters validate``: LightningCLI's, or several drafters side by side with ``--drafters``."""
-    _evaluate("validate", argv)
-
-
-def run_test(argv: list[str]) -> None:
-    _evaluate("test", argv)
-
-
-def _evaluate(subcommand: str, argv: list[str]) -> None:
     if "--drafters" in argv:  # several drafters, one table
-        validate_many([subcommand, *argv])
+        validate_many(["validate", *argv])
     else:
-        run_lightning([subcommand, *argv])
+        run_lightning(["validate", *argv])
