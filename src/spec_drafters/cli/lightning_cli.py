@@ -1,4 +1,4 @@
-"""``fit``, ``validate`` and ``test``: LightningCLI with this project's defaults, checkpoint rules and
+"""``fit`` and ``validate``: LightningCLI with this project's defaults, checkpoint rules and
 ``--results``; and :func:`load_module`, which builds the module from the same arguments for the other
 commands (generate, cache, draft-vocab, inspect, diff, lint).
 
@@ -237,7 +237,7 @@ def _check_names(argv: list[str]) -> None:
 
 
 def run_lightning(argv: list[str]) -> None:
-    """``fit``, ``validate`` or ``test`` (``argv[0]``) with LightningCLI."""
+    """``fit`` or ``validate`` (``argv[0]``) with LightningCLI."""
     module_class, data_class = _lightning_classes()
     _check_names(argv)
     SpecDraftersCLI(

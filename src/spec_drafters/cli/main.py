@@ -1,6 +1,6 @@
 """``spec-drafters``: one command line to train, evaluate, inspect and ship DFlash drafters.
 
-``fit``, ``validate`` and ``test`` are LightningCLI's (cli/lightning_cli.py); every other command is
+``fit`` and ``validate`` are LightningCLI's (cli/lightning_cli.py); every other command is
 this project's own and parses its arguments with argparse. ``spec-drafters --help`` lists them all,
 ``spec-drafters COMMAND --help`` explains one. Bad input ends as one line naming the flag, file and
 line or field (``spec-drafters: error: ...``), exit status 1, without a traceback (errors.py).
