@@ -73,9 +73,7 @@ def _metrics(path: str) -> dict[str, float]:
     data = read_json(path)
     metrics = data.get("metrics") if isinstance(data, dict) else None
     if not isinstance(metrics, dict):
-        raise InputError(
-            f"{path}: no 'metrics' object (compare reads the --results files of fit/validate)"
-        )
+        raise InputError(f"{path}: no 'metrics' object (compare reads the --results files of fit/validate)")
     for k, v in metrics.items():
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise InputError(f"{path}: metrics.{k} is {v!r}, not a number")
