@@ -3,12 +3,19 @@ cache (data/feature_cache.py), in the epoch order a resumed run continues exactl
 
 from __future__ import annotations
 
+import warnings
+
 import lightning.pytorch as pl
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader
 
 from spec_drafters.data.feature_cache import CachedRecords, collate_cached, run_meta
 from spec_drafters.data.records import EpochShuffle, TextRecords, collate
+
+# Lightning warns that a mid-epoch resume is unreliable unless the DataLoader has a state_dict; ours
+# needs none: train_dataloader rebuilds the same epoch order and skips what the fit loop says was
+# trained (EpochShuffle.resume_at; tests/test_resume.py checks the losses match step for step).
+warnings.filterwarnings("ignore", message=r"You.re resuming from a checkpoint that ended before the epoch")
 
 
 class TextDataModule(TextRecords, pl.LightningDataModule):
