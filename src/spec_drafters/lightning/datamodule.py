@@ -12,11 +12,6 @@ from torch.utils.data import DataLoader
 from spec_drafters.data.feature_cache import CachedRecords, collate_cached, run_meta
 from spec_drafters.data.records import EpochShuffle, TextRecords, collate
 
-# Lightning warns that a mid-epoch resume is unreliable unless the DataLoader has a state_dict; ours
-# needs none: train_dataloader rebuilds the same epoch order and skips what the fit loop says was
-# trained (EpochShuffle.resume_at; tests/test_resume.py checks the losses match step for step).
-warnings.filterwarnings("ignore", message=r"You.re resuming from a checkpoint that ended before the epoch")
-
 
 class TextDataModule(TextRecords, pl.LightningDataModule):
     """Tokenizes with the target's tokenizer (the LightningModule's, at ``setup``); the arguments are
@@ -48,6 +43,10 @@ class TextDataModule(TextRecords, pl.LightningDataModule):
             # "processed": batches whose training step ran (a checkpoint written in on_train_batch_end
             # counts its own batch as processed but not yet completed).
             sampler.resume_at(trainer.current_epoch, loop.epoch_loop.batch_progress.current.processed)
+            # Lightning then warns that a mid-epoch resume is unreliable unless the DataLoader has a
+            # state_dict; this one needs none (tests/test_resume.py: the losses match step for step).
+            # Set here, per fit, not at import: a caller's catch_warnings (pytest's) would drop it.
+            warnings.filterwarnings("ignore", message=r"You.re resuming from a checkpoint that ended before")
         collate_fn = collate_cached if self.cache else collate
         return DataLoader(self.train, batch_size=self.batch_size, sampler=sampler, collate_fn=collate_fn)
 
