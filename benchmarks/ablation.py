@@ -22,6 +22,7 @@ drafter"); a fit's wall time then depends on its neighbour, so ``fit_s`` is not 
 
     python benchmarks/ablation.py [--steps 400] [--seeds 0 1] [--only v6 tree_coverage] \
         [--out runs/ablation] [--workers 2 --threads 1]
+    python benchmarks/ablation.py --report    # the table so far, from the kept rows alone
 """
 
 from __future__ import annotations
@@ -157,6 +158,15 @@ def summarize(rows: list[dict]) -> list[dict]:
     return sorted(out, key=lambda r: -(r["val/tau_ddtree_b32"] or 0))
 
 
+def print_table(table: list[dict]) -> None:
+    print(f"{'recipe':<18} {'seeds':>5} {'chain tau':>15} {'DDTree-32 tau':>15} {'ECE':>13} {'slot 1':>13}")
+    for r in table:
+        cells = " ".join(
+            f"{r[k]:>7.4f} ±{r[f'{k} spread']:<6.4f}" if r[k] is not None else f"{'-':>15}" for k in METRICS
+        )
+        print(f"{r['recipe']:<18} {r['seeds']:>5} {cells}")
+
+
 def vocab_flags(counts: Path, size: int | None) -> list[str]:
     """A draft vocabulary of the ``size`` most frequent labels in ``counts``; None: the whole vocabulary."""
     if size is None:
@@ -200,6 +210,7 @@ def main() -> None:
     )
     ap.add_argument("--workers", type=int, default=2, help="fits running at once")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of each fit")
+    ap.add_argument("--report", action="store_true", help="print the kept rows' table; train nothing")
     ap.add_argument("extra", nargs="*", help="more LightningCLI flags for every run (after --)")
     args = ap.parse_args()
     vocab = vocab_flags(args.counts, 8192) if args.counts.is_file() else []
@@ -208,6 +219,12 @@ def main() -> None:
     keep = keep_folder(args.keep, shipped, args.steps, args.out)
     recipes = args.only or RECIPES
     runs = [(recipe, seed) for recipe in recipes for seed in args.seeds]
+    if args.report:  # nothing trains and nothing is recorded: what the kept rows say so far
+        done = {run: kept(keep, *run, args.base, args.extra) for run in runs}
+        print_table(summarize([row for row in done.values() if row is not None]))
+        missing = [f"{recipe}-s{seed}" for (recipe, seed), row in done.items() if row is None]
+        print(f"kept in {keep}; not run yet: {' '.join(missing) or 'none'}")
+        return
     todo = {recipe for recipe, seed in runs if kept(keep, recipe, seed, args.base, args.extra) is None}
     caches = {
         recipe: build_cache(recipe, args.base, args.out, args.extra) for recipe in recipes if recipe in todo
@@ -221,12 +238,7 @@ def main() -> None:
     with ThreadPoolExecutor(args.workers) as pool:
         rows = list(pool.map(one, runs))
     table = summarize(rows)
-    print(f"{'recipe':<18} {'seeds':>5} {'chain tau':>15} {'DDTree-32 tau':>15} {'ECE':>13} {'slot 1':>13}")
-    for r in table:
-        cells = " ".join(
-            f"{r[k]:>7.4f} ±{r[f'{k} spread']:<6.4f}" if r[k] is not None else f"{'-':>15}" for k in METRICS
-        )
-        print(f"{r['recipe']:<18} {r['seeds']:>5} {cells}")
+    print_table(table)
     v6 = next((r for r in table if r["recipe"] == "v6"), None)
     best = table[0] if table else None
     summary = {"steps": args.steps, "records": train_records(args.base, args.steps), "seeds": args.seeds}

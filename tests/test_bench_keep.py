@@ -88,6 +88,30 @@ def test_a_resumed_ablation_run_continues_from_its_checkpoint_and_says_so(benchm
     assert row["fit_resumed"] is True  # its fit_s is the last process's only
 
 
+def test_ablation_report_prints_the_kept_table_and_what_is_missing(benchmarks, tmp_path, monkeypatch, capsys):
+    ablation, _ = benchmarks
+    base = ablation.CONFIGS / "base.yaml"
+    extra = ablation.records_flags(base, 400)  # no counts file: no draft-vocabulary flags
+    keep = tmp_path / "keep"
+    keep.mkdir()
+    for recipe, seed, tau, tree in (("v6", 0, 1.5, 2.0), ("v6", 1, 1.7, 2.25), ("dspark", 0, 1.6, 2.5)):
+        row = {"recipe": recipe, "seed": seed, "val/tau": tau, "val/tau_ddtree_b32": tree}
+        row |= {"val/calibration_ece": 0.01, "val/acc_slot1": None}  # a metric a fit did not log: "-"
+        sha = ablation.config_hash(recipe, base, extra)
+        (keep / f"{recipe}-s{seed}.json").write_text(json.dumps({**row, "config_sha1": sha}))
+    monkeypatch.setattr(ablation, "spec_drafters", lambda *a, **k: pytest.fail("trained"))
+    monkeypatch.setattr(ablation, "record", lambda *a, **k: pytest.fail("recorded"))
+    argv = ["ablation.py", "--report", "--keep", str(keep), "--counts", str(tmp_path / "none.json")]
+    monkeypatch.setattr(sys, "argv", [*argv, "--only", "v6", "dspark", "lk_mix"])
+    ablation.main()
+    lines = capsys.readouterr().out.splitlines()
+    # best DDTree-32 mean first; v6: means 1.6 / 2.125, spreads 0.2 / 0.25; dspark: one seed, spread 0
+    assert lines[1].split()[:6] == ["dspark", "1", "1.6000", "±0.0000", "2.5000", "±0.0000"]
+    assert lines[2].split()[:6] == ["v6", "2", "1.6000", "±0.2000", "2.1250", "±0.2500"]
+    assert lines[1].split()[-1] == "-"
+    assert lines[-1].endswith("not run yet: dspark-s1 lk_mix-s0 lk_mix-s1")
+
+
 def test_a_kept_data_source_stage_is_not_run_again(benchmarks, tmp_path):
     _, data_source = benchmarks
     runs = []
