@@ -219,13 +219,13 @@ def main() -> None:
     keep = keep_folder(args.keep, shipped, args.steps, args.out)
     recipes = args.only or RECIPES
     runs = [(recipe, seed) for recipe in recipes for seed in args.seeds]
+    done = {run: kept(keep, *run, args.base, args.extra) for run in runs}
     if args.report:  # nothing trains and nothing is recorded: what the kept rows say so far
-        done = {run: kept(keep, *run, args.base, args.extra) for run in runs}
         print_table(summarize([row for row in done.values() if row is not None]))
         missing = [f"{recipe}-s{seed}" for (recipe, seed), row in done.items() if row is None]
         print(f"kept in {keep}; not run yet: {' '.join(missing) or 'none'}")
         return
-    todo = {recipe for recipe, seed in runs if kept(keep, recipe, seed, args.base, args.extra) is None}
+    todo = {recipe for (recipe, _), row in done.items() if row is None}
     caches = {
         recipe: build_cache(recipe, args.base, args.out, args.extra) for recipe in recipes if recipe in todo
     }
