@@ -190,3 +190,24 @@ def test_a_num_taps_kept_from_an_earlier_config_is_named_with_the_way_out():
     (finding,) = lint_config(switch)
     assert "got layer_ids [1, 3] and num_taps 3" in finding.message and "set it to null" in finding.message
     assert lint_config([*switch, "--model.injection.init_args.num_taps", "null"]) == []
+
+
+# --- what a checkpoint records reads back as the same component --------------------------------------------
+@pytest.mark.parametrize(
+    ("param", "cls"),
+    [c for c in cases() if c.values[0] not in ("target", "draft_vocab") and c.values[1] is not DeepestTaps],
+)
+def test_recorded_hyperparameters_parse_back_to_the_same_component(tmp_path, param, cls):
+    """A checkpoint's hyperparameters are ``as_config`` of the built components; ``validate
+    --ckpt_path`` parses them again. A LossMix once recorded its terms' ModuleList as a bogus class, so
+    its checkpoints could not be loaded (lk_mix of the ablation)."""
+    path = f"{cls.__module__}.{cls.__qualname__}"
+    spec = {"class_path": path, "init_args": REQUIRED.get(cls.__name__, {})}
+    model = {"target": {"class_path": "TinyRandom", "init_args": {"num_layers": 8}}}
+    model["drafter"] = {"num_layers": 1, "block_size": 4}
+    model[param] = [spec] if param == "eval_verifiers" else spec
+    recorded = load_module(["--config", write(tmp_path, model)], quiet=True).hparams[param]
+    again = {**model, param: recorded}
+    reread = load_module(["--config", write(tmp_path, again, "again.yaml")], quiet=True).hparams[param]
+    assert reread == recorded
+    assert yaml.safe_load(yaml.safe_dump(recorded)) == recorded  # plain data, as a checkpoint keeps it

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any, TypeVar
 
+from torch import nn
+
 T = TypeVar("T")
 
 #: Kinds and what they choose. The order is the order of ``spec-drafters registry``.
@@ -159,7 +161,7 @@ def as_config(obj: Any) -> Any:
     """
     if obj is None or isinstance(obj, (bool, int, float, str)):
         return obj
-    if isinstance(obj, (list, tuple)):
+    if isinstance(obj, (list, tuple, nn.ModuleList)):  # LossMix keeps its terms in a ModuleList
         return [as_config(v) for v in obj]
     if isinstance(obj, dict):
         return {k: as_config(v) for k, v in obj.items()}
