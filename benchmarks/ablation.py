@@ -230,13 +230,21 @@ def main() -> None:
         recipe: build_cache(recipe, args.base, args.out, args.extra) for recipe in recipes if recipe in todo
     }
 
-    def one(run: tuple[str, int]) -> dict:
+    def one(run: tuple[str, int]) -> dict | None:
         recipe, seed = run
         cache = caches.get(recipe, Path())  # a kept run needs no cache
-        return train(recipe, seed, args.base, args.out, args.steps, cache, args.extra, args.threads, keep)
+        try:
+            return train(recipe, seed, args.base, args.out, args.steps, cache, args.extra, args.threads, keep)
+        except subprocess.CalledProcessError as e:  # the other runs go on (pool.map would cancel them)
+            print(f"{recipe}-s{seed} failed (exit {e.returncode}); its log is above", file=sys.stderr)
+            return None
 
     with ThreadPoolExecutor(args.workers) as pool:
         rows = list(pool.map(one, runs))
+    failed = [f"{recipe}-s{seed}" for (recipe, seed), row in zip(runs, rows, strict=True) if row is None]
+    if failed:  # the finished runs are kept; a table without these would read as the whole answer
+        print_table(summarize([row for row in rows if row is not None]))
+        sys.exit(f"failed: {' '.join(failed)}; the others are kept in {keep}: fix and run again")
     table = summarize(rows)
     print_table(table)
     v6 = next((r for r in table if r["recipe"] == "v6"), None)

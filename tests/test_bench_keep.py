@@ -112,6 +112,31 @@ def test_ablation_report_prints_the_kept_table_and_what_is_missing(benchmarks, t
     assert lines[-1].endswith("not run yet: dspark-s1 lk_mix-s0 lk_mix-s1")
 
 
+def test_a_failed_ablation_run_does_not_stop_the_others(benchmarks, tmp_path, monkeypatch, capsys):
+    """One fit failing (a checkpoint that would not load) once cancelled every run queued after it."""
+    import subprocess
+
+    ablation, _ = benchmarks
+
+    def fake(*args, **kw):
+        if args[0] == "cache":
+            return Path(args[args.index("--out") + 1]).mkdir(parents=True, exist_ok=True)
+        if any(a.endswith("dspark.yaml") for a in args):
+            raise subprocess.CalledProcessError(2, "fit")
+        Path(args[args.index("--results") + 1]).write_text(json.dumps({"metrics": {"val/tau": 2.5}}))
+
+    monkeypatch.setattr(ablation, "spec_drafters", fake)
+    monkeypatch.setattr(ablation, "record", lambda *a, **k: pytest.fail("recorded"))
+    keep = tmp_path / "keep"
+    argv = ["ablation.py", "--keep", str(keep), "--out", str(tmp_path / "out"), "--seeds", "0"]
+    monkeypatch.setattr(sys, "argv", [*argv, "--counts", str(tmp_path / "none.json")])
+    monkeypatch.setattr(ablation, "RECIPES", ["dspark", "v6", "lk_mix"])  # dspark first: the rest go on
+    with pytest.raises(SystemExit, match=r"failed: dspark-s0; the others are kept"):
+        ablation.main()
+    assert sorted(p.name for p in keep.iterdir()) == ["lk_mix-s0.json", "v6-s0.json"]
+    assert "dspark-s0 failed (exit 2)" in capsys.readouterr().err
+
+
 def test_a_kept_data_source_stage_is_not_run_again(benchmarks, tmp_path):
     _, data_source = benchmarks
     runs = []
