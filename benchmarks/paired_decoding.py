@@ -1,0 +1,113 @@
+"""Two drafters on the same HumanEval prompts, prompt by prompt: is the tau difference more than noise?
+
+``humaneval_decoding.py`` gives each drafter a mean tau over 164 prompts; two means 0.05 apart say
+nothing until the per-prompt differences are looked at. This script pairs the prompt rows of two of its
+result folders (the same prompts, the same decoders) and, per decoder, prints A's and B's mean tau, the
+mean of the per-prompt differences (A - B), a 95% percentile-bootstrap interval of that mean (prompts
+resampled with replacement) and how many prompts A wins, ties and loses. Tau only: decoding is
+deterministic, so the tokens a round commits do not depend on the machine, while the two folders'
+times come from different runs (possibly on a loaded machine) and are not compared here.
+
+    python benchmarks/paired_decoding.py results/humaneval_decoding/ablation-speculators_2026-s0 \\
+        results/humaneval_decoding/ablation-v6-s0 [--resamples 2000] [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from pathlib import Path
+
+from common import record
+from humaneval_decoding import DECODERS
+
+
+def folder_rows(folder: Path) -> list[dict]:
+    """The prompt rows of a finished result folder, piece by piece (every piece must be there), each
+    with its ``piece``: a row's ``prompt`` counts within its piece."""
+    identity = json.loads((folder / "drafter.json").read_text())
+    parts, prompts = identity["parts"], identity["num_prompts"]
+    rows = []
+    for part in range(parts):
+        piece = folder / f"part-{part:02d}-of-{parts:02d}.jsonl"
+        if not piece.is_file():
+            raise SystemExit(
+                f"{folder}: piece {part + 1} of {parts} is missing ({piece.name}); finish it first"
+            )
+        rows += [
+            {**json.loads(line), "piece": part} for line in piece.read_text().splitlines() if line.strip()
+        ]
+    if len(rows) != prompts:
+        raise SystemExit(f"{folder}: {len(rows)} prompt rows for {prompts} prompts")
+    return rows
+
+
+def bootstrap_interval(diffs: list[float], resamples: int, seed: int) -> tuple[float, float]:
+    """2.5th and 97.5th percentiles of the mean of ``diffs`` resampled with replacement."""
+    rng = random.Random(seed)
+    n = len(diffs)
+    means = sorted(sum(diffs[rng.randrange(n)] for _ in range(n)) / n for _ in range(resamples))
+    return means[int(0.025 * (resamples - 1))], means[int(0.975 * (resamples - 1))]
+
+
+def paired(rows_a: list[dict], rows_b: list[dict], resamples: int = 2000, seed: int = 0) -> list[dict]:
+    """One row per decoder both folders ran: mean taus, mean difference A - B, its interval, wins."""
+
+    def prompts(rows):
+        return [(r["piece"], r["prompt"], r["prompt_tokens"]) for r in rows]
+
+    if prompts(rows_a) != prompts(rows_b):  # other pieces, or other prompts (their lengths differ)
+        raise ValueError("the two folders decoded different prompts (or cut them into other pieces)")
+    out = []
+    for suffix, label in DECODERS.items():
+        key = f"tau{suffix}"
+        if key not in rows_a[0] or key not in rows_b[0]:
+            continue
+        diffs = [a[key] - b[key] for a, b in zip(rows_a, rows_b, strict=True)]
+        low, high = bootstrap_interval(diffs, resamples, seed)
+        n = len(diffs)
+        out.append(
+            {
+                "decoder": label,
+                "prompts": n,
+                "tau_a": sum(a[key] for a in rows_a) / n,
+                "tau_b": sum(b[key] for b in rows_b) / n,
+                "diff": sum(diffs) / n,
+                "low": low,
+                "high": high,
+                "a_wins": sum(d > 0 for d in diffs),
+                "ties": sum(d == 0 for d in diffs),
+                "b_wins": sum(d < 0 for d in diffs),
+            }
+        )
+    if not out:
+        raise ValueError("the two folders share no decoder")
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("a", type=Path, help="a humaneval_decoding result folder")
+    ap.add_argument("b", type=Path, help="another, on the same prompts")
+    ap.add_argument("--resamples", type=int, default=2000)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    rows = paired(folder_rows(args.a), folder_rows(args.b), args.resamples, args.seed)
+    print(f"A = {args.a.name}, B = {args.b.name}; per-prompt tau, A - B with a 95% bootstrap interval")
+    print(f"{'decoder':<16}{'tau A':>8}{'tau B':>8}{'A - B':>9}{'95% interval':>20}  A wins/ties/B wins")
+    for r in rows:
+        interval = f"[{r['low']:+.3f}, {r['high']:+.3f}]"
+        wins = f"{r['a_wins']}/{r['ties']}/{r['b_wins']}"
+        print(
+            f"{r['decoder']:<16}{r['tau_a']:>8.3f}{r['tau_b']:>8.3f}{r['diff']:>+9.3f}{interval:>20}  {wins}"
+        )
+    record(
+        "paired_decoding",
+        rows,
+        {"a": args.a.name, "b": args.b.name, "resamples": args.resamples, "seed": args.seed},
+    )
+
+
+if __name__ == "__main__":
+    main()
