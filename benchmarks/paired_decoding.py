@@ -8,8 +8,8 @@ resampled with replacement) and how many prompts A wins, ties and loses. Tau onl
 deterministic, so the tokens a round commits do not depend on the machine, while the two folders'
 times come from different runs (possibly on a loaded machine) and are not compared here.
 
-    python benchmarks/paired_decoding.py results/humaneval_decoding/ablation-speculators_2026-s0 \\
-        results/humaneval_decoding/ablation-v6-s0 [--resamples 2000] [--seed 0]
+    python benchmarks/paired_decoding.py benchmarks/results/humaneval_decoding/ablation-speculators_2026-s0 \\
+        benchmarks/results/humaneval_decoding/ablation-v6-s0 [--resamples 2000] [--seed 0]
 """
 
 from __future__ import annotations
