@@ -1,5 +1,6 @@
 """Which recipe wins at equal compute: the seeds' v3, v5, v6 and experiment-ddtree, speculators' 2026
-defaults, DSpark's, the LK losses and the tree-aware objective, two seeds each.
+defaults, DSpark's, the LK losses, the tree-aware objective and D-PACE alone (speculators' defaults
+without the window), two seeds each.
 
 Every recipe (configs/ablation/<recipe>.yaml over configs/ablation/base.yaml) trains the same drafter
 for the same steps on the same records (the reference corpus, ``make reference`` stage 3) from an
@@ -44,7 +45,7 @@ from common import RESULTS, git_sha, record
 ROOT = Path(__file__).resolve().parent.parent
 CONFIGS = ROOT / "configs" / "ablation"
 RECIPES = ["v3", "v5", "v6", "experiment_ddtree", "speculators_2026", "dspark", "lk_mix", "lk_hybrid"]
-RECIPES += ["tree_coverage"]
+RECIPES += ["tree_coverage", "dpace"]
 METRICS = ("val/tau", "val/tau_ddtree_b32", "val/calibration_ece", "val/acc_slot1")
 
 

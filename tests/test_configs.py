@@ -348,6 +348,21 @@ def test_ablation_recipes():
         assert (model.fc_ids, model.target.tap_ids) == (fc, taps), recipe
 
 
+def test_dpace_recipe_is_speculators_without_the_window_and_v6_with_dpace():
+    """The ablation's D-PACE control differs from its two neighbours in one thing each, so its row
+    separates D-PACE's share of speculators' gain from the sliding window's."""
+    import yaml
+
+    def model(recipe):
+        return yaml.safe_load((CONFIGS / "ablation" / f"{recipe}.yaml").read_text())["model"]
+
+    dpace, speculators, v6 = model("dpace"), model("speculators_2026"), model("v6")
+    assert {k: v for k, v in speculators.items() if k != "mask"} == dpace
+    assert {k: v for k, v in dpace.items() if k != "loss"} == {k: v for k, v in v6.items() if k != "loss"}
+    assert dpace["loss"]["class_path"] == v6["loss"]["class_path"] == "HardCE"
+    assert dpace["loss"]["init_args"] == {"weights": {"class_path": "DPACE", "init_args": {"alpha": 0.5}}}
+
+
 def test_reference_eval_reads_only_committed_files():
     """make demo runs this overlay on a fresh clone: its data file and drafter folder must be in the
     repository, not built by `make reference` (the joined corpus once was not, and the demo failed)."""
