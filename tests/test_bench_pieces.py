@@ -2,23 +2,17 @@
 settings: pieces of two drafters must never be merged into one table."""
 
 import argparse
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import benchmark_module
 
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import humaneval_decoding
-
-        yield humaneval_decoding
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    with benchmark_module("humaneval_decoding") as module:
+        yield module
 
 
 def args(folder: Path, **kw) -> argparse.Namespace:

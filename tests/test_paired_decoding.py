@@ -2,23 +2,17 @@
 differences and wins, an exactly known bootstrap interval, and refusals for folders that cannot pair."""
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import benchmark_module
 
 
 @pytest.fixture(scope="module")
 def bench():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import paired_decoding
-
-        yield paired_decoding
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    with benchmark_module("paired_decoding") as module:
+        yield module
 
 
 def folder(path: Path, pieces: list[list[tuple[int, float, float]]]) -> Path:

@@ -1,23 +1,17 @@
 """benchmarks/tau_curve.py counts training steps across resumed processes and chained stages: a later
 stage's validations follow every step the earlier stages trained, checked on hand-written logs."""
 
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from conftest import benchmark_module
 
 
 @pytest.fixture(scope="module")
 def tau_curve():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import tau_curve
-
-        yield tau_curve
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    with benchmark_module("tau_curve") as module:
+        yield module
 
 
 def write_metrics(path: Path, rows: list[tuple[int, str, str]]) -> None:
