@@ -226,10 +226,16 @@ def run_parts(args, folder: Path, config: Path) -> None:
 
 
 def merged_rows(args, folder: Path) -> list[dict]:
+    """Every piece's prompt rows, piece by piece, each with its ``piece`` (a row's ``prompt`` counts
+    within its piece)."""
     out = []
     for part in range(args.parts):
         rows = folder / f"part-{part:02d}-of-{args.parts:02d}.jsonl"
-        out += [json.loads(line) for line in rows.read_text().splitlines() if line.strip()]
+        if not rows.is_file():
+            raise SystemExit(
+                f"{folder}: piece {part + 1} of {args.parts} is missing ({rows.name}); finish it first"
+            )
+        out += [{**json.loads(line), "piece": part} for line in rows.read_text().splitlines() if line.strip()]
     if len(out) != args.num_prompts:
         raise SystemExit(f"{folder}: {len(out)} prompt rows for {args.num_prompts} prompts")
     return out

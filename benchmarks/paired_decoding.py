@@ -18,29 +18,16 @@ import argparse
 import json
 import random
 from pathlib import Path
+from types import SimpleNamespace
 
 from common import record
-from humaneval_decoding import DECODERS
+from humaneval_decoding import DECODERS, merged_rows
 
 
 def folder_rows(folder: Path) -> list[dict]:
-    """The prompt rows of a finished result folder, piece by piece (every piece must be there), each
-    with its ``piece``: a row's ``prompt`` counts within its piece."""
+    """The prompt rows of a finished result folder (every piece must be there), piece by piece."""
     identity = json.loads((folder / "drafter.json").read_text())
-    parts, prompts = identity["parts"], identity["num_prompts"]
-    rows = []
-    for part in range(parts):
-        piece = folder / f"part-{part:02d}-of-{parts:02d}.jsonl"
-        if not piece.is_file():
-            raise SystemExit(
-                f"{folder}: piece {part + 1} of {parts} is missing ({piece.name}); finish it first"
-            )
-        rows += [
-            {**json.loads(line), "piece": part} for line in piece.read_text().splitlines() if line.strip()
-        ]
-    if len(rows) != prompts:
-        raise SystemExit(f"{folder}: {len(rows)} prompt rows for {prompts} prompts")
-    return rows
+    return merged_rows(SimpleNamespace(parts=identity["parts"], num_prompts=identity["num_prompts"]), folder)
 
 
 def bootstrap_interval(diffs: list[float], resamples: int, seed: int) -> tuple[float, float]:
