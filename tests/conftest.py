@@ -77,3 +77,11 @@ def qwen3_target():
 @pytest.fixture
 def llama_target():
     return tiny_target("llama")
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    """The bad-input tables' valid tiny artefacts (tests/bad_input.py), built on first use per module."""
+    from bad_input import Made
+
+    return Made(tmp_path_factory.mktemp("made"))
