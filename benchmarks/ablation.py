@@ -12,7 +12,10 @@ finished run's row (its metrics, the commit, a hash of its two config files) is 
 (default results/ablation/steps<N>, committed; a smoke run on another base keeps them under --out),
 so a checkout that lost --out re-runs, and rebuilds caches for, only the runs not kept. Only the whole
 table (every recipe, the shipped base) is appended to results/ablation.jsonl. The table gives
-each recipe's mean over seeds and its spread (max - min), so a difference can be told from noise.
+each recipe's mean over seeds, its spread (max - min) and an exact permutation test over seeds against
+v6 (the one-sided p of its DDTree-32 tau being higher by chance): with two seeds a side the smallest p
+there is, 1/6, so two seeds rank recipes but cannot separate them; a paired test over prompts
+(paired_decoding.py) or more seeds can.
 
 Equal compute, cheaply: every run trains one epoch over the same first ``steps x batch_size``
 training records, and the caches hold those records only. Caches are built by two 1-thread
@@ -23,13 +26,14 @@ drafter"); a fit's wall time then depends on its neighbour, so ``fit_s`` is not 
 
     python benchmarks/ablation.py [--steps 400] [--seeds 0 1] [--only v6 tree_coverage] \
         [--out runs/ablation] [--workers 2 --threads 1]
-    python benchmarks/ablation.py --report    # the table so far, from the kept rows alone
+    python benchmarks/ablation.py --report [--record]  # the table so far, from the kept rows alone
 """
 
 from __future__ import annotations
 
 import argparse
 import hashlib
+import itertools
 import json
 import os
 import subprocess
@@ -145,8 +149,26 @@ def train(
     return row
 
 
+def permutation_p(a: list[float], b: list[float]) -> float:
+    """One-sided exact permutation test: the share of the ways to split ``a + b`` into groups of
+    ``len(a)`` and ``len(b)`` whose difference of means is at least ``mean(a) - mean(b)`` (the observed
+    split included). Seeds are exchangeable under "the recipes are the same", so this is the test the
+    seeds alone allow; with 2 against 2 there are 6 splits and p >= 1/6."""
+    pooled, observed = [*a, *b], sum(a) / len(a) - sum(b) / len(b)
+    splits = list(itertools.combinations(range(len(pooled)), len(a)))
+    hits = 0
+    for pick in splits:
+        mine = [pooled[i] for i in pick]
+        rest = [pooled[i] for i in range(len(pooled)) if i not in pick]
+        hits += sum(mine) / len(mine) - sum(rest) / len(rest) >= observed - 1e-12
+    return hits / len(splits)
+
+
 def summarize(rows: list[dict]) -> list[dict]:
-    """Per recipe: the mean over seeds and the spread (max - min) of every metric."""
+    """Per recipe: the mean over seeds and the spread (max - min) of every metric, and the permutation
+    p of its DDTree-32 tau against v6's seeds (None for v6 itself, or without v6 rows)."""
+    tree = "val/tau_ddtree_b32"
+    baseline = [r[tree] for r in rows if r["recipe"] == "v6" and r[tree] is not None]
     out = []
     for recipe in dict.fromkeys(r["recipe"] for r in rows):
         mine = [r for r in rows if r["recipe"] == recipe]
@@ -155,17 +177,44 @@ def summarize(rows: list[dict]) -> list[dict]:
             values = [r[key] for r in mine if r[key] is not None]
             row[key] = sum(values) / len(values) if values else None
             row[f"{key} spread"] = max(values) - min(values) if values else None
+        values = [r[tree] for r in mine if r[tree] is not None]
+        row["p_vs_v6"] = permutation_p(values, baseline) if recipe != "v6" and values and baseline else None
         out.append(row)
-    return sorted(out, key=lambda r: -(r["val/tau_ddtree_b32"] or 0))
+    return sorted(out, key=lambda r: -(r[tree] or 0))
+
+
+def table_summary(table: list[dict], steps: int, records: int, seeds: list[int]) -> dict:
+    """The results line's summary: the best recipe, its DDTree-32 margin over v6 and what the seeds can
+    say of it (the permutation p; ``separated_from_v6`` only at p <= 0.05)."""
+    summary = {
+        "steps": steps,
+        "records": records,
+        "seeds": seeds,
+        "best": table[0]["recipe"] if table else None,
+    }
+    v6 = next((r for r in table if r["recipe"] == "v6"), None)
+    best = table[0] if table else None
+    if v6 and best and best is not v6 and best["val/tau_ddtree_b32"] is not None:
+        summary.update(
+            best_minus_v6_ddtree_tau=best["val/tau_ddtree_b32"] - v6["val/tau_ddtree_b32"],
+            best_vs_v6_seed_p=best["p_vs_v6"],
+            separated_from_v6=best["p_vs_v6"] is not None and best["p_vs_v6"] <= 0.05,
+        )
+    return summary
 
 
 def print_table(table: list[dict]) -> None:
-    print(f"{'recipe':<18} {'seeds':>5} {'chain tau':>15} {'DDTree-32 tau':>15} {'ECE':>13} {'slot 1':>13}")
+    head = f"{'recipe':<18} {'seeds':>5} {'chain tau':>15} {'DDTree-32 tau':>15} {'ECE':>13} {'slot 1':>13}"
+    print(f"{head} {'p vs v6':>8}")
     for r in table:
         cells = " ".join(
             f"{r[k]:>7.4f} ±{r[f'{k} spread']:<6.4f}" if r[k] is not None else f"{'-':>15}" for k in METRICS
         )
-        print(f"{r['recipe']:<18} {r['seeds']:>5} {cells}")
+        p = f"{r['p_vs_v6']:>8.3f}" if r.get("p_vs_v6") is not None else f"{'-':>8}"
+        print(f"{r['recipe']:<18} {r['seeds']:>5} {cells} {p}")
+    print(
+        "p vs v6: one-sided exact permutation test of DDTree-32 tau over seeds (>= 1/6 with 2 seeds a side)"
+    )
 
 
 def vocab_flags(counts: Path, size: int | None) -> list[str]:
@@ -212,6 +261,9 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2, help="fits running at once")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of each fit")
     ap.add_argument("--report", action="store_true", help="print the kept rows' table; train nothing")
+    ap.add_argument(
+        "--record", action="store_true", help="with --report and every run kept: append the table's line"
+    )
     ap.add_argument("extra", nargs="*", help="more LightningCLI flags for every run (after --)")
     args = ap.parse_args()
     vocab = vocab_flags(args.counts, 8192) if args.counts.is_file() else []
@@ -221,10 +273,18 @@ def main() -> None:
     recipes = args.only or RECIPES
     runs = [(recipe, seed) for recipe in recipes for seed in args.seeds]
     done = {run: kept(keep, *run, args.base, args.extra) for run in runs}
-    if args.report:  # nothing trains and nothing is recorded: what the kept rows say so far
-        print_table(summarize([row for row in done.values() if row is not None]))
+    records = train_records(args.base, args.steps)
+    if args.report:  # nothing trains: what the kept rows say so far (recorded only when whole)
+        table = summarize([row for row in done.values() if row is not None])
+        print_table(table)
         missing = [f"{recipe}-s{seed}" for (recipe, seed), row in done.items() if row is None]
         print(f"kept in {keep}; not run yet: {' '.join(missing) or 'none'}")
+        if args.record and not missing and shipped and set(recipes) == set(RECIPES):
+            rows = list(done.values())
+            record("ablation", rows, {**table_summary(table, args.steps, records, args.seeds), "table": table,
+                                      "from_kept_rows": True})  # fmt: skip
+        elif args.record:
+            sys.exit("not recorded: --record needs every recipe and seed kept, on the shipped base")
         return
     todo = {recipe for (recipe, _), row in done.items() if row is None}
     caches = {
@@ -248,14 +308,7 @@ def main() -> None:
         sys.exit(f"failed: {' '.join(failed)}; the others are kept in {keep}: fix and run again")
     table = summarize(rows)
     print_table(table)
-    v6 = next((r for r in table if r["recipe"] == "v6"), None)
-    best = table[0] if table else None
-    summary = {"steps": args.steps, "records": train_records(args.base, args.steps), "seeds": args.seeds}
-    summary["best"] = best and best["recipe"]
-    if v6 and best and best["val/tau_ddtree_b32"] is not None and v6["val/tau_ddtree_b32"] is not None:
-        margin = best["val/tau_ddtree_b32"] - v6["val/tau_ddtree_b32"]
-        noise = max(best["val/tau_ddtree_b32 spread"], v6["val/tau_ddtree_b32 spread"])
-        summary.update(best_minus_v6_ddtree_tau=margin, beats_v6_beyond_spread=margin > noise)
+    summary = table_summary(table, args.steps, records, args.seeds)
     if not shipped:  # a smoke run on another base (a tiny target) is not a result
         print(f"not appended to benchmarks/results: --base {args.base} is not configs/ablation/base.yaml")
     elif args.only and set(recipes) != set(RECIPES):  # a partial table would read as the whole answer

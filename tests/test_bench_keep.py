@@ -108,7 +108,9 @@ def test_ablation_report_prints_the_kept_table_and_what_is_missing(benchmarks, t
     # best DDTree-32 mean first; v6: means 1.6 / 2.125, spreads 0.2 / 0.25; dspark: one seed, spread 0
     assert lines[1].split()[:6] == ["dspark", "1", "1.6000", "±0.0000", "2.5000", "±0.0000"]
     assert lines[2].split()[:6] == ["v6", "2", "1.6000", "±0.2000", "2.1250", "±0.2500"]
-    assert lines[1].split()[-1] == "-"
+    assert lines[1].split()[-2] == "-"  # slot 1
+    assert lines[1].split()[-1] == "0.333"  # 2.5 above both of v6's seeds: 1 of 3 splits, p = 1/3
+    assert lines[2].split()[-1] == "-"  # v6 against itself
     assert lines[-1].endswith("not run yet: dspark-s1 lk_mix-s0 lk_mix-s1")
 
 
