@@ -1,6 +1,8 @@
 """Component names in config files and ``--model.*`` overrides, checked against the registry before
 LightningCLI parses anything: an unknown name fails with the list of valid ones (jsonargparse alone
-only says "expected a dot import path"). Also the config-file reader that names the file and line.
+only says "expected a dot import path"). Also the config-file reader that names the file and line, and
+the YAML loader that refuses a key given twice in one mapping (PyYAML and jsonargparse keep the last
+one silently: a repeated ``model:`` section once dropped the first one's settings).
 """
 
 from __future__ import annotations
@@ -8,7 +10,9 @@ from __future__ import annotations
 import contextlib
 import importlib
 import inspect
+import os
 import typing
+from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 from types import UnionType
@@ -108,6 +112,10 @@ def _configs_from_argv(argv: list[str]) -> list[dict]:
         elif arg.startswith("--model.") and "=" in arg:
             key, value = arg[2:].split("=", 1)
             configs.append(_dotted(key, value))
+        elif arg in SECTION_FLAGS and i + 1 < len(argv):  # --trainer FILE: a section read from a file
+            if Path(argv[i + 1]).is_file():
+                read_yaml(argv[i + 1])
+            i += 1
         if path and Path(path).is_file():
             configs.append(read_config(path))
         i += 1
@@ -118,18 +126,89 @@ def _configs_from_argv(argv: list[str]) -> list[dict]:
 SECTIONS = ("model", "data", "trainer")
 
 
-def read_config(path: str | Path) -> dict:
-    """A config file's mapping. Malformed YAML names the file and line (yaml alone says
-    ``<unicode string>``); a top level or a section that is not a mapping names the file and field."""
+#: The command-line flags that read a whole section from a YAML file (``--trainer preset.yaml``).
+SECTION_FLAGS = tuple(f"--{key}" for key in SECTIONS)
+
+
+def read_yaml(path: str | Path):
+    """A user's YAML file as plain data. Malformed YAML names the file and line (yaml alone says
+    ``<unicode string>``), a duplicate key both of its lines, an empty file the file."""
     if not Path(path).is_file():
         raise InputError(f"{path}: no such config file")
     try:
-        cfg = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+        text = Path(path).read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
         raise InputError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    try:
+        data = load_yaml(text, str(path))
     except yaml.YAMLError as e:
         raise InputError(f"{path}{_yaml_place(e)}: not valid YAML ({_yaml_problem(e)})") from None
-    cfg = {} if cfg is None else cfg
+    if data is None:  # jsonargparse would stop on it with its usage text ("Unexpected config")
+        raise InputError(f"{path}: the file is empty (no settings in it)")
+    return data
+
+
+def load_yaml(text: str, name: str | None = None):
+    """``yaml.safe_load``, refusing a key repeated in one mapping (:func:`check_unique_keys`)."""
+    check_unique_keys(text, name)
+    return yaml.safe_load(text)
+
+
+def check_unique_keys(text: str, name: str | None = None) -> None:
+    """An InputError naming ``name`` (a file; else "a YAML value") and both lines when a mapping of
+    ``text``, at any depth, has a key twice. Malformed YAML is left to the loader that reads it, so its
+    own error stays as it was."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return
+    seen: set[int] = set()  # an anchored node is walked once, however often it is aliased
+    todo = deque([root] if root is not None else [])  # breadth first: the outermost duplicate first
+    while todo:
+        node = todo.popleft()
+        if id(node) in seen or isinstance(node, yaml.ScalarNode):
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            todo.extend(node.value)
+            continue
+        first: dict[tuple, int] = {}
+        for key, value in node.value:
+            todo.append(value)
+            if key.tag == "tag:yaml.org,2002:merge" or not isinstance(key, yaml.ScalarNode):
+                continue  # `<<: *base` merges keys that the mapping's own keys may override
+            line = key.start_mark.line + 1
+            if (key.tag, key.value) in first:
+                where = f"{name}:{line}" if name else f"a YAML value, line {line}"
+                raise InputError(
+                    f"{where}: duplicate key {key.value!r} (first at line {first[key.tag, key.value]}); "
+                    "YAML would keep the last one silently"
+                )
+            first[key.tag, key.value] = line
+
+
+def use_unique_key_loader() -> None:
+    """Makes jsonargparse (LightningCLI's ``--config``, ``--trainer FILE``, a section's file, a YAML
+    value of a flag) refuse duplicate keys too: its own YAML loader, behind :func:`check_unique_keys`.
+    Registered once per process through jsonargparse's public ``set_loader``."""
+    from jsonargparse import get_loader, set_loader
+
+    own = get_loader("yaml")
+    if getattr(own, "refuses_duplicate_keys", False):
+        return
+
+    def load(stream: str, path: str = ""):  # jsonargparse passes the config file's name as `path`
+        check_unique_keys(stream, path or None)
+        return own(stream)
+
+    load.refuses_duplicate_keys = True
+    set_loader("yaml", load, exceptions=(yaml.YAMLError,))
+
+
+def read_config(path: str | Path) -> dict:
+    """A config file's mapping (:func:`read_yaml`); a top level or a section that is not a mapping
+    names the file and field, and so does a section read from a file (``trainer: preset.yaml``)."""
+    cfg = read_yaml(path)
     if not isinstance(cfg, dict):
         raise InputError(
             f"{path}: the top level must be a mapping of sections (model:, data:, trainer:), "
@@ -142,6 +221,8 @@ def read_config(path: str | Path) -> dict:
                 f"{path}: '{key}:' must be a mapping of arguments (or a config file), "
                 f"got {type(value).__name__} {value!r}"
             )
+        if isinstance(value, str) and (Path(path).parent / value).is_file():  # as jsonargparse reads it
+            read_yaml(Path(path).parent / value)
     return cfg
 
 
@@ -198,3 +279,37 @@ def resolve_class(path: str) -> type:
         return getattr(callbacks, path, None) or getattr(builtin, path)
     module, _, attr = path.rpartition(".")
     return getattr(importlib.import_module(module), attr)
+
+
+# --- outputs ----------------------------------------------------------------------------------------
+def out_file(path: str | Path, flag: str = "--out") -> Path:
+    """A file a command writes once its work is done, checked before the work starts: not a folder,
+    and where it goes a folder this user can write (found out at the end, it would lose the work)."""
+    out = Path(path)
+    if out.is_dir():
+        raise InputError(f"{flag} {path}: is a folder; give the path of a file to write")
+    if out.exists() and not os.access(out, os.W_OK):
+        raise InputError(f"{flag} {path}: the file exists and cannot be written (permissions)")
+    _check_writable(out.parent, flag, path)
+    return out
+
+
+def out_folder(path: str | Path, flag: str = "--out") -> Path:
+    """A folder a command writes into, checked before the work starts: not a file, and writable."""
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"{flag} {path}: is a file, not a folder")
+    _check_writable(out, flag, path)
+    return out
+
+
+def _check_writable(folder: Path, flag: str, path) -> None:
+    """``folder`` exists and is writable, or can be created (its nearest existing parent is a
+    writable folder); nothing is created here."""
+    existing = folder
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise InputError(f"{flag} {path}: {existing} is a file, so no folder can be made under it")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise InputError(f"{flag} {path}: the folder {existing} cannot be written (permissions)")

@@ -19,7 +19,7 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.imports import _RICH_AVAILABLE
 
-from spec_drafters.cli.checks import check_argv_components, read_config, resolve_class
+from spec_drafters.cli.checks import check_argv_components, read_config, resolve_class, use_unique_key_loader
 from spec_drafters.cli.flags import instantiation_error
 from spec_drafters.errors import InputError, argument
 
@@ -29,6 +29,9 @@ from spec_drafters.errors import InputError, argument
 from spec_drafters.lightning.callbacks import RunProgressBar
 from spec_drafters.lightning.tracking import RunAimLogger
 from spec_drafters.registry import UnknownComponentError, load_components
+
+# Every YAML that jsonargparse reads for this CLI (--config, --trainer FILE) refuses duplicate keys.
+use_unique_key_loader()
 
 #: Model arguments that belong to this run, not to the checkpoint: where the target is loaded from (a
 #: path on this machine; its identity is still checked against the checkpoint) and how drafts are
