@@ -35,7 +35,12 @@ ROWS = [
     ),
     (
         "export-garbage-checkpoint",
-        lambda tmp, made: ["export", write(tmp / "junk.ckpt", bytes(range(256)) * 4), "--out", str(tmp)],
+        lambda tmp, made: [
+            "export",
+            write(tmp / "junk.ckpt", bytes(range(256)) * 4),
+            "--out",
+            str(tmp / "o"),
+        ],
         1,
         "junk.ckpt: not a readable checkpoint",
     ),

@@ -19,14 +19,14 @@ Notation: L target layers, n layers into fc, H hidden size.
 from __future__ import annotations
 
 import json
-import pickle
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 
+from spec_drafters.artefacts.checkpoints import read_checkpoint_file, upgrade_class_paths  # noqa: F401
 from spec_drafters.errors import InputError, read_json
 from spec_drafters.model.drafter import DFlashDrafter, DrafterConfig
 
@@ -138,11 +138,16 @@ def speculators_config(folder: DrafterFolder) -> dict:
     }
 
 
-def write_folder(folder: DrafterFolder, path: str | Path, layout: str = "spec_drafters") -> Path:
-    """Writes ``config.json`` and ``model.safetensors`` (no pickle) into ``path``."""
+#: The files a drafter folder is written as: ``write_folder`` writes the first two, ``calibrate`` the
+#: third (per-slot temperatures of these weights). ``export --force`` replaces exactly these.
+FOLDER_FILES = ("config.json", "model.safetensors", "calibration.json")
+
+
+def layout_files(folder: DrafterFolder, layout: str) -> tuple[dict, dict[str, torch.Tensor]]:
+    """(config.json, the tensors of model.safetensors) of ``folder`` in ``layout``; a ValueError where
+    the layout cannot express the drafter, before anything is written."""
     if layout not in LAYOUTS:
         raise ValueError(f"--layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
-    out = Path(path)
     if layout == "zlab":
         config = zlab_config(folder)
     elif layout == "speculators":
@@ -162,9 +167,21 @@ def write_folder(folder: DrafterFolder, path: str | Path, layout: str = "spec_dr
         state.update({AUX_PREFIX + k: v.detach().contiguous().cpu() for k, v in folder.aux.items()})
     elif folder.aux:
         print(f"note: the {layout} layout has no place for auxiliary heads; left out: {sorted(folder.aux)}")
+    return config, state
+
+
+def write_folder(folder: DrafterFolder, path: str | Path, layout: str = "spec_drafters") -> Path:
+    """Writes ``config.json`` and ``model.safetensors`` (no pickle) into ``path``."""
+    return write_files(path, *layout_files(folder, layout), layout)
+
+
+def write_files(path: str | Path, config: dict, state: dict[str, torch.Tensor], layout: str) -> Path:
+    """``layout_files``' output into ``path``. The weights go through ``save`` + ``write_bytes``, so
+    the file's mode follows the umask like any other file's (``save_file`` creates it 0600)."""
+    out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt", "layout": layout})
+    (out / "model.safetensors").write_bytes(save(state, metadata={"format": "pt", "layout": layout}))
     return out
 
 
@@ -243,7 +260,13 @@ def read_folder(path: str | Path, num_target_layers: int | None = None) -> Draft
     try:
         return _parse_folder(path, config, layout, weights, num_target_layers)
     except KeyError as e:  # a field its layout needs is absent
-        raise InputError(f"{path / 'config.json'}: no field {e} (needed by the {layout} layout)") from None
+        target = (config.get("spec_drafters") or {}).get("target") or {}
+        made_for = (
+            f"; made for target {target['name']!r}" if isinstance(target, dict) and "name" in target else ""
+        )
+        raise InputError(
+            f"{path / 'config.json'}: no field {e} (needed by the {layout} layout{made_for})"
+        ) from None
 
 
 def _parse_folder(
@@ -307,80 +330,19 @@ def build_drafter(folder: DrafterFolder) -> DFlashDrafter:
 
 
 # --- from training artefacts -----------------------------------------------------------------------
-def read_checkpoint_file(path: str | Path, flag: str = "") -> dict:
-    """A local Lightning checkpoint as plain data only (``weights_only``: loading never runs code from
-    it); a missing, remote, truncated or code-carrying file is an InputError naming it."""
-    where = f"{flag} {path}" if flag else str(path)
-    if "://" in str(path):
-        raise InputError(
-            f"{where}: remote checkpoints are not loaded (a pickle can run code); download it and pass "
-            "the local file"
-        )
-    if not Path(path).is_file():
-        raise InputError(f"{where}: no such file")
-    try:
-        ckpt = torch.load(path, weights_only=True, map_location="cpu")
-    except pickle.UnpicklingError as e:
-        # torch says "Unsupported global: GLOBAL x" for code a pickle would call, and other
-        # "Unsupported ..." reasons for bytes that are no checkpoint at all (truncated, foreign).
-        reason = next((ln.strip() for ln in str(e).splitlines() if "Unsupported" in ln), type(e).__name__)
-        reason = reason.split("WeightsUnpickler error:")[-1].strip()
-        if "GLOBAL" in reason:
-            raise InputError(
-                f"{where}: refused, it holds more than plain data (tensors, numbers, strings, "
-                f"containers) and unpickling it could run code ({reason.split(' was not')[0]})"
-            ) from None
-        raise InputError(f"{where}: not a readable checkpoint ({reason})") from None
-    except (RuntimeError, EOFError, ValueError, OSError) as e:  # truncated zip: OSError EINVAL
-        raise InputError(f"{where}: not a readable checkpoint ({str(e).strip().splitlines()[0]})") from None
-    if isinstance(ckpt, dict) and isinstance(ckpt.get("hyper_parameters"), dict):
-        ckpt["hyper_parameters"] = upgrade_class_paths(ckpt["hyper_parameters"])
-    return ckpt
-
-
-#: Where each module of the flat package (main before the split into layers, up to b8dab2d) went:
-#: checkpoints written then name their components by those class paths.
-MOVED_MODULES = {
-    "drafter": "model.drafter",
-    "attention": "model.attention",
-    "masks": "model.masks",
-    "kernels": "model.kernels",
-    "vocab": "model.vocab",
-    "target": "target.frozen",
-    "targets": "target.loaders",
-    "target_source": "target.labels",
-    "injection": "target.injection",
-    "anchors": "train.anchors",
-    "noise": "train.noise",
-    "losses": "train.losses",
-    "verifiers": "decode.verifiers",
-    "decoding": "decode.generate",
-    "prompts": "data.prompts",
-    "tracking": "lightning.tracking",
-    "callbacks": "lightning.callbacks",
-}
-
-
-def upgrade_class_paths(value):
-    """``spec_drafters.injection.ZLabTaps`` -> ``spec_drafters.target.injection.ZLabTaps``, anywhere in a
-    checkpoint's hyperparameters (other packages' class paths are left alone)."""
-    if isinstance(value, dict):
-        return {k: upgrade_class_paths(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [upgrade_class_paths(v) for v in value]
-    if isinstance(value, str) and value.startswith("spec_drafters.") and value.count(".") == 2:
-        _, module, name = value.split(".")
-        if module in MOVED_MODULES:
-            return f"spec_drafters.{MOVED_MODULES[module]}.{name}"
-    return value
-
-
 def folder_from_checkpoint(path: str | Path) -> DrafterFolder:
     """The drafter of a Lightning checkpoint, without loading the target (the checkpoint says enough)."""
     ckpt = read_checkpoint_file(path)
     desc = ckpt.get("spec_drafters")
-    if desc is None:
-        raise ValueError(f"{path}: not a spec-drafters checkpoint (no 'spec_drafters' description)")
+    if not isinstance(desc, dict):
+        raise InputError(f"{path}: not a spec-drafters checkpoint (no 'spec_drafters' description)")
+    try:
+        return _checkpoint_folder(ckpt, desc)
+    except KeyError as e:
+        raise InputError(f"{path}: its 'spec_drafters' description has no field {e}") from None
+
+
+def _checkpoint_folder(ckpt: dict, desc: dict) -> DrafterFolder:
     names = {f.name for f in fields(DrafterConfig)}
     cfg = DrafterConfig(**{k: v for k, v in desc["drafter"].items() if k in names})
     cfg.validate()
@@ -442,31 +404,3 @@ def folder_from_module(module) -> DrafterFolder:
         "module",
         meta,
     )
-
-
-def load_folder_into(
-    path: str | Path, drafter: DFlashDrafter, fc_ids: list[int], num_target_layers: int, aux_head=None
-) -> None:
-    """Starts ``drafter`` (and a confidence head, if given and stored) from a drafter folder of any
-    layout; its fc layers, shape and draft vocabulary must be the drafter's."""
-    folder = read_folder(path, num_target_layers=num_target_layers)
-    if folder.fc_ids != fc_ids:
-        raise ValueError(f"{path}: its fc reads target layers {folder.fc_ids}, this drafter's fc {fc_ids}")
-    mine, theirs = asdict(drafter.config), asdict(folder.config)
-    differ = [k for k in mine if k != "attention" and mine[k] != theirs.get(k)]
-    if differ:
-        raise ValueError(
-            f"{path}: the folder's drafter differs from this config's: "
-            + ", ".join(f"{k} {theirs.get(k)} vs {mine[k]}" for k in differ)
-        )
-    mine_ids, theirs_ids = drafter.draft_ids, folder.state.get("draft_ids")
-    if mine_ids is not None and not torch.equal(mine_ids, theirs_ids):
-        raise ValueError(
-            f"{path}: the folder's draft vocabulary ({len(theirs_ids)} tokens) is not this drafter's "
-            f"({len(mine_ids)} tokens)"
-        )
-    drafter.load_state_dict(folder.state, strict=True)
-    if aux_head is not None and "confidence_head.weight" in folder.aux:
-        aux_head.load_state_dict(
-            {"weight": folder.aux["confidence_head.weight"], "bias": folder.aux["confidence_head.bias"]}
-        )

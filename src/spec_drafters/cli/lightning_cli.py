@@ -128,6 +128,9 @@ class SpecDraftersCLI(LightningCLI):
             )
         hparams = ckpt.get("hyper_parameters", {})
         hparams = {k: v for k, v in hparams.items() if k not in RUN_TIME_ARGS and not k.startswith("_")}
+        from spec_drafters.artefacts.checkpoints import with_stored_vocab
+
+        hparams = with_stored_vocab(hparams, ckpt, ckpt_path)  # its draft ids, not a counts file's
         if not hparams:
             return
         before = self.config[sub].clone()

@@ -3,10 +3,10 @@
 The reports themselves are plain functions in ``spec_drafters.artefacts`` (inspect.py, diff.py,
 lint.py); this module parses the command lines and builds the module a config file describes.
 
-    spec-drafters export CKPT_OR_FOLDER --out DIR [--layout spec_drafters|zlab|speculators]
+    spec-drafters export CKPT_OR_FOLDER --out DIR [--layout spec_drafters|zlab|speculators] [--force]
     spec-drafters inspect PATH [PATH ...] [--json]
     spec-drafters diff A B [--all] [--json]
-    spec-drafters lint --config CONFIG [--model.* ...] [--strict] [--json]
+    spec-drafters lint CONFIG [CONFIG ...] [--model.* ...] [--strict] [--json]  (or --config CONFIG)
 """
 
 from __future__ import annotations
@@ -32,10 +32,11 @@ def export_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="spec-drafters export",
         description="Write a drafter (Lightning checkpoint or drafter folder) as config.json and "
-        "model.safetensors.",
+        "model.safetensors. A non-empty --out is refused unless --force; the source itself never "
+        "(docs/interop.md#export).",
     )
     ap.add_argument("source", help="a Lightning checkpoint (.ckpt) or a drafter folder of any layout")
-    ap.add_argument("--out", required=True, help="the folder to write")
+    ap.add_argument("--out", required=True, help="the folder to write (not the source, not inside it)")
     ap.add_argument("--layout", choices=LAYOUTS, default="spec_drafters")
     ap.add_argument("--num_target_layers", type=int, help="the target's depth (speculators folders omit it)")
     ap.add_argument(
@@ -43,24 +44,48 @@ def export_parser() -> argparse.ArgumentParser:
         choices=["float32", "bfloat16"],
         help="cast the weights (integer tensors such as a draft vocabulary's ids stay as they are)",
     )
+    ap.add_argument(
+        "--force",
+        action="store_true",
+        help="write into a non-empty --out: its config.json, model.safetensors and calibration.json are "
+        "replaced, other files kept",
+    )
+    ap.add_argument(
+        "--overwrite_registry",
+        action="store_true",
+        help="with --force, also replace a shipped drafter of a registry (registry/drafters/NAME)",
+    )
     return ap
 
 
 def export(argv: list[str]) -> None:
     import torch
 
-    from spec_drafters.artefacts.folders import folder_from_checkpoint, read_folder, write_folder
+    from spec_drafters.artefacts.export import carry_calibration, check_out, replace_files
+    from spec_drafters.artefacts.folders import folder_from_checkpoint, layout_files, read_folder, write_files
 
     args = export_parser().parse_args(argv)
-    src = Path(args.source)
+    src, out = Path(args.source), Path(args.out)
     if not src.exists():
         raise InputError(f"{src}: no such file or folder (export reads a checkpoint or a drafter folder)")
-    folder = read_folder(src, args.num_target_layers) if src.is_dir() else folder_from_checkpoint(src)
+    stale = check_out(src, out, args.force, args.overwrite_registry)  # before any work
+    try:
+        folder = read_folder(src, args.num_target_layers) if src.is_dir() else folder_from_checkpoint(src)
+    except InputError:
+        raise
+    except ValueError as e:  # a config its drafter class refuses (DrafterConfig.validate)
+        raise InputError(f"{src}: {e}") from None
     if args.dtype:
         dtype = getattr(torch, args.dtype)
         for tensors in (folder.state, folder.aux):
             tensors.update({k: v.to(dtype) for k, v in tensors.items() if v.is_floating_point()})
-    out = write_folder(folder, args.out, args.layout)
+    try:
+        config, state = layout_files(folder, args.layout)  # a layout that cannot hold it: nothing removed
+    except ValueError as e:
+        raise InputError(f"--layout {args.layout}: {e}") from None
+    replace_files(out, stale)
+    write_files(out, config, state, args.layout)
+    carry_calibration(src, out, cast=bool(args.dtype))
     print(f"wrote {out} ({args.layout} layout, {len(folder.state)} drafter tensors)")
 
 
@@ -157,10 +182,11 @@ def lint_config(argv: list[str]) -> list[Finding]:
 def lint_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="spec-drafters lint",
-        usage="%(prog)s --config CONFIG [--config ...] [--model.* ...] [--strict] [--json]",
+        usage="%(prog)s [CONFIG ...] [--config CONFIG ...] [--model.* ...] [--strict] [--json]",
         description="Known pitfalls of a config before a long run, each with a severity and a one-line "
         "why; exits 1 on errors. A config allows a warning it makes on purpose with a "
-        "'# lint: allow CODE' comment. --config and --model.* are LightningCLI's.",
+        "'# lint: allow CODE' comment. Configs are given as paths (as inspect and diff take them) or "
+        "with --config; --config and --model.* are LightningCLI's.",
         allow_abbrev=False,
     )
     ap.add_argument("--strict", action="store_true", help="fail on warnings too (a CI gate)")
@@ -168,11 +194,28 @@ def lint_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def config_args(rest: list[str]) -> list[str]:
+    """LightningCLI arguments with every bare path (``lint configs/x.yaml``) as ``--config PATH``: a
+    token that is no flag and no flag's value (``--model.lr 0.1``; ``--model.lr=0.1`` holds its own)."""
+    out, i = [], 0
+    while i < len(rest):
+        arg = rest[i]
+        if arg.startswith("-"):
+            takes_value = "=" in arg or i + 1 >= len(rest)
+            out += [arg] if takes_value else [arg, rest[i + 1]]
+            i += 1 if takes_value else 2
+        else:
+            out += ["--config", arg]
+            i += 1
+    return out
+
+
 def lint_cmd(argv: list[str]) -> None:
     ap = lint_parser()
     args, rest = ap.parse_known_args(argv)
+    rest = config_args(rest)
     if not config_paths(rest):
-        ap.error("--config is required")
+        ap.error("a config is required (lint CONFIG or --config CONFIG)")
     findings = lint_config(rest)
     if args.json:
         print(json.dumps([f.__dict__ for f in findings], indent=2))

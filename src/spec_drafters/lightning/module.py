@@ -16,7 +16,8 @@ import torch
 from jsonargparse import lazy_instance
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
-from spec_drafters.artefacts.folders import describe_drafter, load_folder_into
+from spec_drafters.artefacts.folders import describe_drafter
+from spec_drafters.artefacts.init_from import load_folder_into
 from spec_drafters.decode.generate import DecodeResult, greedy_generate, speculative_generate
 from spec_drafters.decode.verifiers import GreedyChain, Verifier
 from spec_drafters.errors import ArgumentError, argument
@@ -26,7 +27,7 @@ from spec_drafters.lightning.sharding import shard_fsdp2
 from spec_drafters.lightning.tracking import log_validation
 from spec_drafters.model.drafter import DFlashDrafter, DrafterConfig
 from spec_drafters.model.masks import DFlashBlockMask, DrafterMask
-from spec_drafters.model.vocab import DraftVocab, FullVocab
+from spec_drafters.model.vocab import DraftVocab, FullVocab, draft_vocab_ids
 from spec_drafters.registry import as_config, name_of
 from spec_drafters.target.features import FeatureSpec, plan_taps
 from spec_drafters.target.frozen import FrozenTarget
@@ -158,8 +159,8 @@ class DFlashModule(pl.LightningModule):
             rules = self.mask.per_layer(drafter.num_layers)
         with argument("drafter"):
             cfg = drafter.resolved(self.target.model.config, len(self.fc_ids), self.card.mask_token_id, rules)
-        with argument("draft_vocab"):
-            draft_ids = self.draft_vocab.token_ids(self.vocab_size)
+        with argument("draft_vocab"):  # a frequent_tokens without its counts file: the folder's ids
+            draft_ids = draft_vocab_ids(self.draft_vocab, self.vocab_size, init_from)
         if draft_ids is not None:
             cfg = replace(cfg, draft_vocab_size=len(draft_ids))
         on_meta = self.target.embed_tokens.weight.is_meta  # a config check: no weights anywhere
@@ -171,7 +172,7 @@ class DFlashModule(pl.LightningModule):
         if init_from is not None:
             with argument("init_from"):
                 head = getattr(self.loss_fn, "head", None)
-                load_folder_into(init_from, self.drafter, self.fc_ids, self.target.num_layers, head)
+                load_folder_into(init_from, self.drafter, self.fc_ids, self.card, head)
 
     def _step_seed(self, offset: int) -> int:
         return self.hparams.seed * 1_000_003 + offset
