@@ -8,7 +8,8 @@ and changes only the text: it answers HumanEval's 164 prompts with the target (b
 cache, the corpus's 128 new tokens, as ``make reference`` stage 1 answers stdlib prompts) and validates
 the drafter teacher-forced on
 
-- ``stdlib``: the first 164 held-out stdlib answers (the split checkpoints are selected on),
+- ``stdlib``: the first 164 held-out stdlib answers (the split checkpoints are selected on, held out by
+  content: none shares text with a training record, docs/data.md),
 - ``humaneval-128``: the target's answers to the 164 HumanEval prompts,
 - ``humaneval-64``: the same answers cut at 64 tokens (the decoding benchmark's length; cut by
   re-encoding the answer text, so a token at the cut may differ from the generated one),

@@ -97,6 +97,8 @@ def humaneval_overlap(items: list[dict]) -> list[str]:
 
 
 def split_of(item_id: str, val_fraction: float) -> str:
+    """The split the builders write: a hash of the id. Readers then hold out by content (a record that
+    shares text with a training record trains: data/heldout.py), so the file's field is not final."""
     bucket = int(hashlib.sha1(item_id.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
     return "val" if bucket < val_fraction else "train"
 

@@ -2,7 +2,9 @@
 
 A record is ``{"prompt": ..., "response": ...}`` (only the response is supervised) or ``{"text": ...}``
 (all of it is supervised). With one file, each record's ``"split"`` field ("train" or "val") decides
-where it goes; with ``val_path`` set, the two files are the two splits. Files may be gzipped.
+where it goes; with ``val_path`` set, the two files are the two splits. Either way a validation record
+that shares text with a training record trains instead (:mod:`spec_drafters.data.heldout`). Files may be
+gzipped.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import DistributedSampler
 
+from spec_drafters.data.heldout import split_by_content
 from spec_drafters.errors import InputError, MissingFile
 
 
@@ -43,6 +46,9 @@ def iter_jsonl(path: str | Path, flag: str = "--data.path"):
                 raise InputError(f"{path}:{lineno}: not valid JSON ({e.msg})") from None
 
 
+#: The values of a record's "split" field.
+SPLITS = ("train", "val")
+
 #: The text fields of a training record; each must be a string when present.
 TEXT_FIELDS = ("text", "prompt", "response")
 
@@ -58,6 +64,16 @@ def read_jsonl(path: str | Path) -> list[tuple[int, dict]]:
                 raise InputError(f"{path}:{lineno}: '{key}' must be a string, got {type(rec[key]).__name__}")
         records.append((lineno, rec))
     return records
+
+
+def stored_splits(path: str | Path, records: list[tuple[int, dict]]) -> list[str]:
+    """Each record's "split" field, which must be "train" or "val" (one file, no --data.val_path)."""
+    for lineno, rec in records:
+        if rec.get("split") not in SPLITS:
+            raise InputError(
+                f"{path}:{lineno}: 'split' must be 'train' or 'val' when --data.val_path is unset"
+            )
+    return [rec["split"] for _, rec in records]
 
 
 @dataclass
@@ -189,16 +205,23 @@ class TextRecords:
         self.notes: list[str] = []  # what reading the records found, for the run's log
 
     def _split(self) -> tuple[list[tuple[int, dict]], list[tuple[int, dict]]]:
+        """(train, val) records after the content rule (data/heldout.py): a validation record that shares
+        text with a training record trains instead, so held-out is held out however the file split it."""
         if self.val_path:
-            return read_jsonl(self.path), read_jsonl(self.val_path)
-        records = read_jsonl(self.path)
-        for lineno, rec in records:
-            if rec.get("split") not in ("train", "val"):
-                raise InputError(
-                    f"{self.path}:{lineno}: 'split' must be 'train' or 'val' when --data.val_path is unset"
-                )
-        return [r for r in records if r[1]["split"] == "train"], [
-            r for r in records if r[1]["split"] == "val"
+            train, val = read_jsonl(self.path), read_jsonl(self.val_path)
+            records, given = train + val, ["train"] * len(train) + ["val"] * len(val)
+        else:
+            records = read_jsonl(self.path)
+            given = stored_splits(self.path, records)
+        splits = split_by_content([rec for _, rec in records], given)
+        moved = sum(a != b for a, b in zip(given, splits, strict=True))
+        if moved:
+            self.notes.append(
+                f"held out by content: {moved} of {given.count('val')} validation records share text with "
+                "training records and train instead (docs/data.md)"
+            )
+        return [r for r, s in zip(records, splits, strict=True) if s == "train"], [
+            r for r, s in zip(records, splits, strict=True) if s == "val"
         ]
 
     def _tokenize(self, records, limit, name, tokenizer) -> list[Example]:

@@ -88,7 +88,8 @@ def source_windows(root: Path | None = None, max_chars: int = 1200) -> Iterator[
 
 
 def select_items(items: list[dict], val_fraction: float) -> list[dict]:
-    """Drops HumanEval overlaps, orders by a hash of the id (spread over the library), adds ``split``."""
+    """Drops HumanEval overlaps, orders by a hash of the id (spread over the library), adds ``split`` by
+    the id (readers regroup duplicates by content, data/heldout.py: the committed parts keep their bytes)."""
     field = "prompt" if items and "prompt" in items[0] else "text"
     bad = set(humaneval_overlap([{**it, "prompt": it[field]} for it in items]))
     kept = [it for it in items if it["id"] not in bad]
@@ -185,8 +186,9 @@ def finish(parts: list[Path], out: Path, answered: int, **meta) -> dict:
 
 
 def mix(answers: Path, source: Path | None, source_records: int, out: Path) -> dict:
-    """The training file: every answer record (its split kept: validation is held-out answers only)
-    and the first ``source_records`` teacher-forced source windows of the train split."""
+    """The training file: every answer record (its split kept: validation is held-out answers only;
+    the reader holds out by content, data/heldout.py) and the first ``source_records`` teacher-forced
+    source windows of the train split."""
     from spec_drafters.data.records import iter_jsonl
 
     records = [rec for _, rec in iter_jsonl(answers, flag="--answers")]
