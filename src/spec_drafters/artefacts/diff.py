@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import asdict
 from pathlib import Path
 
-from spec_drafters.artefacts.folders import read_checkpoint_file, read_config_json, read_folder
+from spec_drafters.artefacts.checkpoints import read_checkpoint_file
+from spec_drafters.artefacts.folders import read_config_json, read_folder
 from spec_drafters.registry import as_config
 
 Row = tuple[str, object, object]  # (choice, value in a, value in b); "-" where one side lacks it

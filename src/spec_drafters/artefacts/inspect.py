@@ -15,7 +15,8 @@ from pathlib import Path
 
 import torch
 
-from spec_drafters.artefacts.folders import read_checkpoint_file, read_config_json, read_weights
+from spec_drafters.artefacts.checkpoints import read_checkpoint_file
+from spec_drafters.artefacts.folders import read_config_json, read_weights
 from spec_drafters.errors import InputError
 
 # --- reading a drafter's weights -------------------------------------------------------------------
@@ -41,9 +42,7 @@ def file_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
         return weights, config
     if not path.is_file():
         raise InputError(f"{path}: no such file or folder")
-    ckpt = read_checkpoint_file(path)
-    if "state_dict" not in ckpt:
-        raise InputError(f"{path}: neither a drafter folder nor a Lightning checkpoint")
+    ckpt = read_checkpoint_file(path)  # a Lightning checkpoint holding a drafter, or one line naming it
     sd = ckpt["state_dict"]
     weights = {k[len("drafter.") :]: v for k, v in sd.items() if k.startswith("drafter.")}
     weights |= {"aux." + k[len("loss_fn.") :]: v for k, v in sd.items() if k.startswith("loss_fn.")}
