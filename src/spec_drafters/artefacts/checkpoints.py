@@ -82,9 +82,17 @@ def _drafter_keys(desc) -> list[str] | None:
         names = {f.name for f in fields(DrafterConfig)}
         cfg = DrafterConfig(**{k: v for k, v in desc["drafter"].items() if k in names})
         with torch.device("meta"):
-            return ["drafter." + k for k in DFlashDrafter(cfg).state_dict()]
+            return ["drafter." + k for k in _Shapes(cfg).state_dict()]
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
+
+
+class _Shapes(DFlashDrafter):
+    """A drafter for its key names only: no initialisation (``normal_`` on the meta device would
+    import torch's compiler, seconds, in a process that has not yet)."""
+
+    def reset_parameters(self) -> None:
+        pass
 
 
 def with_stored_vocab(hparams: dict, ckpt: dict, ckpt_path: str | Path) -> dict:
