@@ -145,7 +145,7 @@ ROWS = [
         "export-out-is-a-file",
         lambda tmp, made: ["export", str(made.drafter), "--out", write(tmp / "notes.txt", "mine\n")],
         1,
-        "--out " + "{tmp}/notes.txt: a file, not a folder",
+        "--out " + "{tmp}/notes.txt: is a file, not a folder",
     ),
     (
         "export-onto-non-empty-folder",

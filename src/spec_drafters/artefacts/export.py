@@ -1,7 +1,8 @@
 """Where ``export`` may write, decided before any work: nothing is overwritten without being asked.
 
-- ``--out`` that is a file, or the source itself, inside it or around it (resolved paths): refused,
-  ``--force`` or not (writing over the source loses what is being read).
+- ``--out`` that is the source itself, inside it or around it (resolved paths): refused, ``--force``
+  or not (writing over the source loses what is being read). A file is refused by the CLI's
+  ``out_folder``, as every command's ``--out`` folder is.
 - a non-empty ``--out``: refused unless ``--force``; then the drafter files of an earlier export or
   calibration (``FOLDER_FILES``: config.json, model.safetensors, calibration.json, whichever layout
   wrote them) are replaced, and every other file is kept and named.
@@ -24,11 +25,8 @@ def in_registry(path: Path) -> bool:
 
 
 def check_out(source: Path, out: Path, force: bool, overwrite_registry: bool) -> list[Path]:
-    """Refuses an ``--out`` that export may not write; returns the files ``--force`` will replace."""
-    if out.exists() and not out.is_dir():
-        raise InputError(
-            f"--out {out}: a file, not a folder (export writes {', '.join(FOLDER_FILES[:2])} into a folder)"
-        )
+    """Refuses an ``--out`` that export may not write; returns the files ``--force`` will replace.
+    ``out`` is a folder or nothing yet (the CLI checks that first, as for every command's --out)."""
     src, dst = source.resolve(), out.resolve()
     if dst == src or src in dst.parents or dst in src.parents:
         where = "is" if dst == src else "is inside" if src in dst.parents else "holds"

@@ -19,7 +19,7 @@ from pathlib import Path
 from spec_drafters.artefacts.diff import Row, diff_choices, file_choices, format_diff, module_choices
 from spec_drafters.artefacts.inspect import format_inspect, inspect_drafter, inspect_module
 from spec_drafters.artefacts.lint import Finding, allow, lint_module, text_sample
-from spec_drafters.cli.checks import config_paths, read_config
+from spec_drafters.cli.checks import config_paths, out_folder, read_config
 from spec_drafters.cli.lightning_cli import is_config, load_module, meta_target_args, module_from_config
 from spec_drafters.errors import ArgumentError, InputError
 
@@ -68,7 +68,8 @@ def export(argv: list[str]) -> None:
     src, out = Path(args.source), Path(args.out)
     if not src.exists():
         raise InputError(f"{src}: no such file or folder (export reads a checkpoint or a drafter folder)")
-    stale = check_out(src, out, args.force, args.overwrite_registry)  # before any work
+    out_folder(out)  # a file, or a folder that cannot be written: before any work
+    stale = check_out(src, out, args.force, args.overwrite_registry)
     try:
         folder = read_folder(src, args.num_target_layers) if src.is_dir() else folder_from_checkpoint(src)
     except InputError:
