@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import warnings
 from pathlib import Path
 
 import torch
 
+from spec_drafters.cli.checks import out_file
 from spec_drafters.cli.lightning_cli import load_module
+from spec_drafters.errors import InputError
 
 
 def calibrate_parser() -> argparse.ArgumentParser:
@@ -36,7 +39,15 @@ def held_out(module, data) -> tuple[torch.Tensor, torch.Tensor]:
     """Every validation block of ``data``: logits (A, K-1, V) and labels (A, K-1)."""
     from spec_drafters.data.records import collate
 
-    _, val = data.examples(module.tokenizer)
+    try:
+        _, val = data.examples(module.tokenizer)
+    except InputError:
+        raise
+    except ValueError as e:  # no usable records in a split
+        raise InputError(
+            f"calibrate: {e}; it fits and measures on the validation records of --data.path "
+            "('split': 'val') or --data.val_path"
+        ) from None
     logits, labels = [], []
     for i in range(0, len(val), data.val_batch_size):
         _, per_block, block_labels, _ = module.held_out_blocks(collate(val[i : i + data.val_batch_size]), i)
@@ -51,11 +62,18 @@ def calibrate(argv: list[str]) -> None:
     ap = calibrate_parser()
     args, rest = ap.parse_known_args(argv)
     if not 0 < args.fit_fraction < 1:
-        ap.error(f"--fit_fraction must be in (0, 1), got {args.fit_fraction}")
+        raise InputError(f"--fit_fraction must be in (0, 1), got {args.fit_fraction}")
+    out = Path(args.out)
+    out = out_file(out / "calibration.json" if out.is_dir() or not out.suffix else out)  # before the work
     module, data = load_module(rest, with_data=True)
     logits, labels = held_out(module, data)
     order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(0))
     cut = int(len(order) * args.fit_fraction)
+    if not 0 < cut < len(order):
+        raise InputError(
+            f"calibrate: {len(order)} held-out blocks, {cut} of them to fit (--fit_fraction "
+            f"{args.fit_fraction}): both the fitted and the measured share need at least one"
+        )
     fit, test = order[:cut], order[cut:]
     temps = fit_temperatures(logits[fit], labels[fit])
     report = {
@@ -64,12 +82,19 @@ def calibrate(argv: list[str]) -> None:
         "ece_before": prefix_ece(logits[test], labels[test]),
         "ece_after": prefix_ece(logits[test], labels[test], temps),
     }
-    out = Path(args.out)
-    out = out / "calibration.json" if out.is_dir() or not out.suffix else out
     out.parent.mkdir(parents=True, exist_ok=True)
     save(out, temps, report)
     print("slot temperatures: " + " ".join(f"{t:.3g}" for t in temps))
     print(
         f"prefix ECE on {len(test)} held-out blocks: {report['ece_before']:.4f} -> {report['ece_after']:.4f}"
     )
+    if report["ece_after"] > report["ece_before"]:
+        # Written all the same (the report beside them says so): DDTree ranks with them only if asked.
+        warnings.warn(
+            f"calibrate: the temperatures made the held-out prefix ECE worse "
+            f"({report['ece_before']:.4f} -> {report['ece_after']:.4f} on {len(test)} blocks); "
+            f"{out} records both. Ranking with them is likely worse than without: more held-out "
+            "records (--data.*) or another --fit_fraction may help",
+            stacklevel=1,
+        )
     print(json.dumps({"out": str(out), "slot_temperatures": temps, **report}))

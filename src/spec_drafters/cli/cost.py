@@ -8,7 +8,9 @@ from __future__ import annotations
 import argparse
 import json
 
+from spec_drafters.cli.checks import out_file
 from spec_drafters.cli.lightning_cli import load_module
+from spec_drafters.errors import InputError
 
 
 def cost_parser() -> argparse.ArgumentParser:
@@ -33,9 +35,14 @@ def cost_model(argv: list[str]) -> None:
 
     ap = cost_parser()
     args, rest = ap.parse_known_args(argv)
-    if sorted(set(args.tokens)) != args.tokens or args.tokens[0] != 1:
-        ap.error(f"--tokens must be ascending from 1, got {args.tokens}")
+    _check_args(args)
     module = load_module(rest)
+    limit = module.target.context_length
+    if limit is not None and args.context + args.tokens[-1] > limit:  # before any timing
+        raise InputError(
+            f"--context {args.context}: with the largest tree of --tokens ({args.tokens[-1]}) that is "
+            f"{args.context + args.tokens[-1]} positions, more than the target's context of {limit}"
+        )
     prompt = module.tokenizer.encode(HumanEvalPrompts(1).prompts()[0])[: args.context]
     more = args.context - len(prompt)  # the target's own continuation fills the rest of the context
     context = prompt + (greedy_generate(module.target, prompt, more, []).tokens if more > 0 else [])
@@ -50,3 +57,15 @@ def cost_model(argv: list[str]) -> None:
     print(f"drafter pass: {cost.draft:.3f} greedy steps; written to {args.out}")
     verify = dict(zip(cost.tokens, cost.verify, strict=True))
     print(json.dumps({"out": args.out, "draft": cost.draft, "verify": verify}))
+
+
+def _check_args(args: argparse.Namespace) -> None:
+    """The flags that need no model, checked before it is loaded: a cost file measured at some other
+    context than the one asked for (a negative one once cut the prompt instead) would look valid."""
+    if sorted(set(args.tokens)) != args.tokens or args.tokens[0] != 1:
+        raise InputError(f"--tokens must be ascending from 1, got {args.tokens}")
+    if args.context < 1:
+        raise InputError(f"--context must be >= 1 token, got {args.context}")
+    if args.repeats < 1:
+        raise InputError(f"--repeats must be >= 1 (the median of that many timings), got {args.repeats}")
+    out_file(args.out)

@@ -12,7 +12,9 @@ import argparse
 import json
 from pathlib import Path
 
+from spec_drafters.cli.checks import out_file, out_folder
 from spec_drafters.cli.lightning_cli import load_module
+from spec_drafters.errors import InputError
 
 
 def cache_cmd(argv: list[str]) -> None:
@@ -35,6 +37,9 @@ def cache_cmd(argv: list[str]) -> None:
         "shares the folder with a forward one, and the two meet in the middle",
     )
     args, rest = ap.parse_known_args(argv)
+    if args.shard_records < 1:
+        raise InputError(f"--shard_records must be >= 1, got {args.shard_records}")
+    out_folder(args.out)  # before the target runs
     module, data = load_module(rest, quiet=True, with_data=True)
     index = build_cache(
         module.feature_spec(),
@@ -77,6 +82,10 @@ def draft_vocab_cmd(argv: list[str]) -> None:
         help="the V_d to report coverage for (sizes not below the target's vocabulary are skipped)",
     )
     args, rest = ap.parse_known_args(argv)
+    bad = [size for size in args.sizes if size < 1]
+    if bad:
+        raise InputError(f"--sizes: a draft vocabulary needs at least 1 token, got {bad[0]}")
+    out = out_file(args.out)  # before the counting
     module, data = load_module(rest, quiet=True, with_data=True)
     train, val = data.examples(module.tokenizer)
     if data.cache:
@@ -86,7 +95,6 @@ def draft_vocab_cmd(argv: list[str]) -> None:
         counts = count_labels(records[i] for i in range(len(records)))
     else:
         counts = count_labels(collate([ex]) for ex in train)
-    out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     payload = {"source": data.cache or data.path, "tokens": sum(counts.values()), "counts": dict(counts)}
     out.write_text(json.dumps(payload) + "\n")

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 from pathlib import Path
 
+from spec_drafters.cli.checks import out_file
 from spec_drafters.cli.lightning_cli import load_module
 from spec_drafters.errors import InputError
 from spec_drafters.registry import name_of
@@ -41,32 +44,76 @@ def generate(argv: list[str]) -> None:
     ap = generate_parser()
     args, rest = ap.parse_known_args(argv)
     if args.max_new_tokens < 1:
-        ap.error(f"--max_new_tokens must be >= 1, got {args.max_new_tokens}")
+        raise InputError(f"--max_new_tokens must be >= 1, got {args.max_new_tokens}")
+    out = out_file(args.out) if args.out else None  # before decoding: a late failure would lose it all
     texts = _texts(args)
     module = load_module(rest)
     prompts = [module.tokenizer.encode(text) for text in texts]
     for i, prompt in enumerate(prompts):  # all of them before decoding any
+        if not prompt:
+            raise InputError(f"generate: prompt {i} is empty (0 tokens); decoding needs a prompt")
         try:
             check_fits(module.target, len(prompt), args.max_new_tokens, f"prompt {i}")
         except ValueError as e:
             raise InputError(f"generate: {e}") from None
     verifier = name_of(module.verifier)
-    rows = [_decode(module, i, prompt, verifier, args) for i, prompt in enumerate(prompts)]
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text("".join(json.dumps(r) + "\n" for r in rows))
-        print(f"per-prompt results written to {args.out}")
-    print(json.dumps(_summary(rows, verifier)))
+    with _Rows(out) as rows:
+        for i, prompt in enumerate(prompts):
+            rows.add(_decode(module, i, prompt, verifier, args))
+    print(json.dumps(_summary(rows.rows, verifier)))
+
+
+class _Rows:
+    """The per-prompt rows; with ``--out``, each is also appended to ``<out>.partial`` as it is done,
+    and that file becomes ``--out`` once every prompt is: an interrupted run keeps what it finished
+    there, and never leaves a half-written ``--out`` (or loses the previous one)."""
+
+    def __init__(self, out: Path | None):
+        self.out, self.rows = out, []
+        self.partial = out.with_name(out.name + ".partial") if out else None
+
+    def __enter__(self) -> _Rows:
+        if self.partial:
+            self.partial.parent.mkdir(parents=True, exist_ok=True)
+            self.file = self.partial.open("w", encoding="utf-8")
+        return self
+
+    def add(self, row: dict) -> None:
+        self.rows.append(row)
+        if self.partial:
+            self.file.write(json.dumps(row) + "\n")
+            self.file.flush()
+
+    def __exit__(self, kind, error, tb) -> None:
+        if not self.partial:
+            return
+        self.file.close()
+        if error is None:
+            os.replace(self.partial, self.out)
+            print(f"per-prompt results written to {self.out}")
+        elif self.rows:
+            done = len(self.rows)
+            print(f"generate: stopped; the {done} finished prompts are in {self.partial}", file=sys.stderr)
+        else:
+            self.partial.unlink()
 
 
 def _texts(args: argparse.Namespace) -> list[str]:
+    """The prompts' texts, each checked before anything is loaded."""
     from spec_drafters.data.prompts import HumanEvalPrompts, JsonlPrompts
 
     if args.prompt:
+        for i, text in enumerate(args.prompt):
+            if not text:
+                raise InputError(f"--prompt: prompt {i} is empty; decoding needs a prompt")
         return args.prompt
     if args.prompts:
         return JsonlPrompts(args.prompts).prompts()
-    return HumanEvalPrompts(args.humaneval).prompts()
+    try:
+        chosen = HumanEvalPrompts(args.humaneval)
+    except ValueError as e:
+        raise InputError(f"--humaneval {args.humaneval}: {e}") from None
+    return chosen.prompts()
 
 
 def _decode(module, i: int, prompt: list[int], verifier: str, args: argparse.Namespace) -> dict:

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
+import time
 from pathlib import Path
 
 from spec_drafters.artefacts.diff import distinct_labels, legend
+from spec_drafters.cli.checks import out_folder
 from spec_drafters.cli.lightning_cli import run_lightning
 from spec_drafters.errors import InputError, read_json
 from spec_drafters.registry import KINDS, entries, load_components
@@ -48,7 +49,7 @@ def compare(argv: list[str]) -> None:
     """Prints the metrics of several ``--results`` files side by side."""
     ap = argparse.ArgumentParser(
         prog="spec-drafters compare",
-        description="The metrics of several --results files (of fit, validate or test) side by side.",
+        description="The metrics of several --results files (of fit or validate) side by side.",
     )
     ap.add_argument("results", nargs="+", metavar="RESULTS.json", help="a --results file")
     paths = ap.parse_args(argv).results
@@ -85,27 +86,68 @@ def validate_many(argv: list[str]) -> None:
 
     Each of A, B, ... is a Lightning checkpoint (.ckpt), a drafter folder of any layout (an imported
     reference drafter, say), or ``untrained``. Same config, seed and data for all; results go to
-    ``--results DIR`` (default runs/validate_many) as <name>.json, then one table.
+    ``--results DIR`` as <name>.json, then one table. Without ``--results``, each run gets a folder of
+    its own under runs/validate_many (named by its start time), so no run overwrites another's; a
+    ``--results`` folder that already holds one of the files is refused before anything runs.
     """
     i = argv.index("--drafters")
     j = next((n for n in range(i + 1, len(argv)) if argv[n].startswith("--")), len(argv))
     drafters, rest = argv[i + 1 : j], argv[:i] + argv[j:]
     if not drafters:
-        sys.exit("spec-drafters: error: --drafters needs at least one checkpoint, folder or 'untrained'")
-    out_dir = Path("runs/validate_many")
+        raise InputError("--drafters needs at least one checkpoint, folder or 'untrained'")
+    out_dir = None
     if "--results" in rest:
         k = rest.index("--results")
+        if k + 1 >= len(rest):
+            raise InputError("--results needs a folder (with --drafters, one <name>.json per drafter)")
         out_dir, rest = Path(rest[k + 1]), rest[:k] + rest[k + 2 :]
+    names = _drafter_names(drafters)
+    out_dir = _results_folder(out_dir, names)
     outputs: list[Path] = []
-    for path in drafters:
-        name = _drafter_name(path)
-        if any(o.stem == name for o in outputs):
-            name = f"{name}_{len(outputs)}"
+    for path, name in zip(drafters, names, strict=True):
         out = out_dir / f"{name}.json"
         run_lightning([*rest, *_drafter_args(path), "--results", str(out)])
         outputs.append(out)
     print()
     compare([str(o) for o in outputs])
+    print(f"results of the {len(outputs)} drafters written to {out_dir}")
+
+
+#: Where ``validate --drafters`` writes without ``--results``: a new folder per run inside it.
+VALIDATE_MANY = Path("runs/validate_many")
+
+
+def _drafter_names(drafters: list[str]) -> list[str]:
+    """One file name per drafter, made distinct where two would share one."""
+    names: list[str] = []
+    for path in drafters:
+        name = _drafter_name(path)
+        names.append(f"{name}_{len(names)}" if name in names else name)
+    return names
+
+
+def _results_folder(given: Path | None, names: list[str]) -> Path:
+    """``--results DIR`` when none of its files exists yet (refused otherwise, before any run);
+    without it, a new folder under VALIDATE_MANY named by the time."""
+    if given is not None:
+        out_folder(given, "--results")
+        taken = [f"{n}.json" for n in names if (given / f"{n}.json").exists()]
+        if taken:
+            raise InputError(
+                f"--results {given}: already holds {', '.join(taken)} from an earlier run; "
+                "give a new folder (or leave --results out for one of its own under "
+                f"{VALIDATE_MANY})"
+            )
+        return given
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for n in range(1000):  # two runs started in the same second get two folders
+        folder = VALIDATE_MANY / (stamp if n == 0 else f"{stamp}-{n}")
+        try:
+            folder.mkdir(parents=True)
+        except FileExistsError:
+            continue
+        return folder
+    raise InputError(f"{VALIDATE_MANY}: no free folder for {stamp}")
 
 
 def _drafter_name(path: str) -> str:

@@ -215,6 +215,7 @@ def _write_shard(spec: FeatureSpec, chunk: list, file: Path, store: torch.dtype,
     tensors["offsets"] = torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)])
     tmp = file.with_name(file.name + ".tmp")
     save_file(tensors, str(tmp))
+    _follow_umask(tmp)
     os.replace(tmp, file)
     return {
         "file": file.name,
@@ -222,6 +223,14 @@ def _write_shard(spec: FeatureSpec, chunk: list, file: Path, store: torch.dtype,
         "tokens": int(lengths.sum()),
         "sha256": sha256_file(file),
     }
+
+
+def _follow_umask(file: Path) -> None:
+    """Gives ``file`` the mode any new file gets (0644 under umask 022): ``save_file`` creates its
+    files 0600, so a cache built for a team would be readable by its builder only."""
+    mask = os.umask(0)  # reading the umask means setting it: put it straight back
+    os.umask(mask)
+    os.chmod(file, 0o666 & ~mask)
 
 
 class CachedRecords(torch.utils.data.Dataset):

@@ -60,9 +60,13 @@ class JsonlPrompts(PromptSet):
     """
 
     def __init__(self, path: str, limit: int | None = None):
+        if limit is not None and limit < 1:
+            raise ValueError(f"limit must be >= 1 (or null for every record), got {limit}")
         self.path, self.limit = path, limit
 
     def prompts(self) -> list[str]:
+        """Every record's prompt; a record without one, an empty prompt or a file without records
+        names the file (and line): decoding an empty prompt has nothing to condition on."""
         from spec_drafters.data.records import iter_jsonl
         from spec_drafters.errors import InputError
 
@@ -71,5 +75,9 @@ class JsonlPrompts(PromptSet):
             text = record.get("prompt", record.get("text")) if isinstance(record, dict) else None
             if not isinstance(text, str):
                 raise InputError(f"{self.path}:{lineno}: a prompt record needs a 'prompt' or 'text' string")
+            if not text:
+                raise InputError(f"{self.path}:{lineno}: the prompt is empty")
             out.append(text)
+        if not out:
+            raise InputError(f"{self.path}: no prompt records in the file")
         return out[: self.limit] if self.limit is not None else out

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from spec_drafters.errors import read_json
+from spec_drafters.errors import InputError, read_json
 
 #: Temperatures tried per slot: 0.25 .. 4, geometric.
 GRID = torch.logspace(-2, 2, 41, base=2.0).tolist()
@@ -73,14 +73,20 @@ def save(path: str | Path, temperatures: list[float], report: dict) -> None:
 
 
 def load(path: str | Path) -> list[float]:
-    """The slot temperatures of a calibration.json (a drafter folder's, or the file itself)."""
+    """The slot temperatures of a calibration.json (a drafter folder's, or the file itself); a file
+    of another kind (a cost model, a results file) names the file."""
     path = Path(path)
-    data = read_json(path / "calibration.json" if path.is_dir() else path)
-    temps = data.get("slot_temperatures") if isinstance(data, dict) else None
+    file = path / "calibration.json" if path.is_dir() else path
+    data = read_json(file)
+    if not isinstance(data, dict) or "slot_temperatures" not in data:
+        raise InputError(
+            f"{file}: not a calibration file (no 'slot_temperatures'; spec-drafters calibrate writes one)"
+        )
+    temps = data["slot_temperatures"]
     if (
         not isinstance(temps, list)
         or not temps
-        or not all(isinstance(t, (int, float)) and t > 0 for t in temps)
+        or not all(isinstance(t, (int, float)) and not isinstance(t, bool) and t > 0 for t in temps)
     ):
-        raise ValueError(f"{path}: slot_temperatures must be a list of positive numbers")
+        raise InputError(f"{file}: slot_temperatures must be a list of positive numbers")
     return [float(t) for t in temps]

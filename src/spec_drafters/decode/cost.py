@@ -13,7 +13,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from spec_drafters.errors import read_json
+from spec_drafters.errors import InputError, read_json
 
 
 @dataclass
@@ -49,4 +49,14 @@ class RoundCost:
 
     @classmethod
     def load(cls, path: str | Path) -> RoundCost:
-        return cls(**read_json(path))
+        """A cost file; any other JSON (a calibration.json given as the cost model) names the file."""
+        data = read_json(path)
+        fields = ("tokens", "verify", "draft")
+        if not isinstance(data, dict) or any(k not in data for k in fields):
+            raise InputError(
+                f"{path}: not a cost file (spec-drafters cost-model writes one: {', '.join(fields)})"
+            )
+        try:
+            return cls(**{k: data[k] for k in (*fields, "machine") if k in data})
+        except (TypeError, ValueError) as e:  # wrong types or values: the file, not a traceback
+            raise InputError(f"{path}: {e}") from None

@@ -91,16 +91,16 @@ class DDTree(Verifier):
             raise ValueError(f"budget must be >= 1, got {budget}")
         self.budget = budget
         self.calibration = calibration
-        self._temperatures = None  # read on first use
+        self._temperatures = None
+        if calibration is not None:  # read now: a wrong file is refused before any decoding round
+            from spec_drafters.decode.calibration import load
+
+            self._temperatures = torch.tensor(load(calibration))
 
     def temperatures(self, depth: int) -> torch.Tensor | None:
         """The first ``depth`` slot temperatures (decode/calibration.py), or None without a calibration."""
-        if self.calibration is None:
-            return None
         if self._temperatures is None:
-            from spec_drafters.decode.calibration import load
-
-            self._temperatures = torch.tensor(load(self.calibration))
+            return None
         if depth > len(self._temperatures):
             raise ValueError(
                 f"{self.calibration}: {len(self._temperatures)} slot temperatures for {depth} slots"
@@ -153,15 +153,9 @@ class AdaptiveDDTree(DDTree):
         super().__init__(max_budget, calibration)
         self.cost_model = cost_model
         self.max_budget = max_budget
-        self._cost = None  # read on first use
+        from spec_drafters.decode.cost import RoundCost
 
-    @property
-    def cost(self):
-        if self._cost is None:
-            from spec_drafters.decode.cost import RoundCost
-
-            self._cost = RoundCost.load(self.cost_model)
-        return self._cost
+        self.cost = RoundCost.load(cost_model)  # read now: a wrong file is refused before decoding
 
     def choose(self, tree: DraftTree) -> int:
         """The budget (1..len(tree)) that maximises expected committed tokens per round cost."""
