@@ -374,3 +374,41 @@ def test_reference_eval_reads_only_committed_files():
     folder = root / overlay["model"]["init_from"]
     assert (folder / "config.json").is_file() and (folder / "model.safetensors").is_file()
     assert overlay["model"]["draft_vocab"]["init_args"]["path"] == overlay["model"]["init_from"]
+
+
+def _header_commands(name: str) -> str:
+    """The commands in a config's header comment, continuation lines joined."""
+    lines = []
+    for line in (CONFIGS / f"{name}.yaml").read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        lines.append(line.lstrip("#").strip())
+    return " ".join(lines).replace("\\ ", "")
+
+
+@pytest.mark.parametrize("name", SEEDS)
+def test_seed_header_commands_are_true(seeds, name):
+    """The validate command of a seed's header shards the 55.6 GB target over the 48 GB cards, and its
+    --ckpt_path is where the fit's checkpoint callback writes (not a folder under the Aim run's hash)."""
+    header = _header_commands(name)
+    validate = header[header.index("spec-drafters validate") :]
+    assert "--trainer configs/presets/eval_2x_a6000.yaml" in validate
+    assert "--model.shard_target true" in validate
+    ckpt = Path(validate.split("--ckpt_path ")[1].split()[0])
+    trainer = seeds[name].trainer
+    (callback,) = [c for c in trainer.callbacks if type(c).__name__ == "ModelCheckpoint"]
+    assert Path(callback.dirpath) == ckpt.parent.resolve() and ckpt.name == "last.ckpt" and callback.save_last
+    assert Path(trainer.default_root_dir).resolve() == ckpt.parent.parent.resolve()
+
+
+@pytest.mark.parametrize("name", SEEDS)
+def test_seed_trainer_is_the_training_preset_with_its_own_folders(name):
+    """The seeds write out configs/presets/train_8x_blackwell_fsdp.yaml (a config cannot name a trainer
+    file and set trainer keys too); only the run's folders may differ from it."""
+    import yaml
+
+    preset = yaml.safe_load((CONFIGS / "presets" / "train_8x_blackwell_fsdp.yaml").read_text())
+    trainer = yaml.safe_load((CONFIGS / f"{name}.yaml").read_text())["trainer"]
+    assert trainer.pop("default_root_dir") == f"runs/{name}"
+    assert trainer["callbacks"][0]["init_args"].pop("dirpath") == f"runs/{name}/checkpoints"
+    assert trainer == preset
