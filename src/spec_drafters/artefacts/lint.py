@@ -15,6 +15,7 @@ import torch
 
 from spec_drafters.target.injection import zlab_layer_ids
 from spec_drafters.target.labels import DatasetTokens, LayerLogits, ModelOutput
+from spec_drafters.train.objective import coefficients_problem, learning_rates_problem, optimizer_problems
 
 #: Every lint code and its severity. ``--strict`` fails on warnings too; a config allows a warning it
 #: makes on purpose (an ablation) with a ``# lint: allow CODE`` comment. Errors cannot be allowed.
@@ -25,6 +26,7 @@ CODES = {
     "noise-reaches-labels": "error",
     "non-strict-context-mask": "error",
     "lint-allow-invalid": "error",
+    "objective-cannot-train": "error",
     "tap-kept-out-of-fc": "warning",
     "labels-not-model-output": "warning",
     "labels-from-dataset": "warning",
@@ -61,6 +63,7 @@ def lint_module(module, text_sample: list[str] | None = None) -> list[Finding]:
         *_mask_token(module, text_sample),
         *_ids_plus_one(module),
         *_mask_rules(module),
+        *_objective(module),
     ]
 
 
@@ -147,6 +150,33 @@ def _gamma(module) -> list[Finding]:
             )
         ]
     return []
+
+
+def _objective(module) -> list[Finding]:
+    """Numbers that parse but cannot train: a loss mix's coefficients, the default optimizer's, and
+    the learning rates a chosen optimizer is built with. The constructors refuse what they are given
+    (train/objective.py); this reads a module however it was built, and builds a chosen optimizer,
+    which ``fit`` only does once the target is loaded and the data read."""
+    problems = []
+    loss = module.loss_fn
+    for part in [loss, getattr(loss, "main", None), *getattr(loss, "losses", [])]:
+        coefficients = getattr(part, "coefficients", None)
+        problem = coefficients_problem(coefficients) if coefficients is not None else None
+        if problem:
+            problems.append(f"--model.loss ({type(part).__name__}): {problem}")
+    hp = getattr(module, "hparams", None) or {}
+    numbers = (hp.get("lr", 6e-4), hp.get("weight_decay", 0.0), hp.get("warmup_fraction", 0.0))
+    for name, problem in optimizer_problems(*numbers, hp.get("min_lr_ratio", 0.0)):
+        problems.append(f"--model.{name}: {problem}")
+    if getattr(module, "optimizer", None) is not None:
+        try:  # a probe parameter: the learning rates come from the optimizer's arguments alone
+            built = module.optimizer([torch.nn.Parameter(torch.zeros(2, 2))])
+            problem = learning_rates_problem([float(g["lr"]) for g in built.param_groups])
+        except ValueError as e:  # torch's own refusal ("Invalid learning rate: -0.1")
+            problem = str(e)
+        if problem:
+            problems.append(f"--model.optimizer: {problem}")
+    return [finding("objective-cannot-train", p) for p in problems]
 
 
 def _mask_token(module, text_sample: list[str] | None) -> list[Finding]:

@@ -4,9 +4,11 @@ cache (data/feature_cache.py), in the epoch order a resumed run continues exactl
 from __future__ import annotations
 
 import warnings
+from pathlib import Path
 
 import lightning.pytorch as pl
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch.utils.data import DataLoader
 
 from spec_drafters.data.feature_cache import CachedRecords, collate_cached, run_meta
@@ -52,3 +54,37 @@ class TextDataModule(TextRecords, pl.LightningDataModule):
 
     def val_dataloader(self) -> DataLoader:
         return DataLoader(self.val, batch_size=self.val_batch_size, shuffle=False, collate_fn=collate)
+
+    # --- resuming -----------------------------------------------------------------------------------
+    #: The settings a resumed run must share with the saved one to continue it exactly (the records,
+    #: their tokens, the epoch order and the position in it, which counts batches).
+    RESUMED = ("path", "cache", "max_length", "batch_size", "max_train_records", "seed")
+
+    def _resumed(self) -> dict:
+        out = {key: getattr(self, key) for key in self.RESUMED}
+        for key in ("path", "cache"):  # the file, wherever the run was started from
+            out[key] = str(Path(out[key]).resolve()) if out[key] else out[key]
+        return out
+
+    def state_dict(self) -> dict:
+        return {"resumed": self._resumed()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """``fit --ckpt_path`` with other data settings than the saved run's says so, naming both
+        values: the run goes on (a moved data file, a smaller batch on another machine can be meant),
+        but it is not the saved run continued. ``validate`` may use any data."""
+        trainer = self.trainer
+        if trainer is None or trainer.state.fn != TrainerFn.FITTING:
+            return
+        saved, mine = state.get("resumed", {}), self._resumed()
+        changed = [
+            f"--data.{k} {mine[k]} (saved run: {saved[k]})"
+            for k in mine
+            if k in saved and saved[k] != mine[k]
+        ]
+        if changed:
+            rank_zero_warn(
+                f"--ckpt_path {trainer.ckpt_path} resumes a run trained with other data settings: "
+                f"{', '.join(changed)}; the resumed run does not continue it exactly (other records, "
+                "tokens or order; mid-epoch, its position is counted in batches of the new size)"
+            )

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import warnings
 from dataclasses import replace
+from pathlib import Path
 
 import lightning.pytorch as pl
 import torch
@@ -37,6 +38,15 @@ from spec_drafters.target.loaders import EmbeddedSmolLM2, TargetLoader
 from spec_drafters.train.anchors import AnchorSampler, UniformAnchors
 from spec_drafters.train.losses import DraftLoss, HardCE, SlotBatch
 from spec_drafters.train.noise import FeatureNoise, NoNoise
+from spec_drafters.train.objective import (
+    Diverged,
+    all_finite,
+    divergence_message,
+    first_nonfinite,
+    learning_rates_problem,
+    named_tensors,
+    optimizer_problems,
+)
 from spec_drafters.train.pipeline import StepBuilder, StepInputs
 
 #: The components a checkpoint names: its key -> the module's attribute.
@@ -76,10 +86,10 @@ class DFlashModule(pl.LightningModule):
         shard_target: under FSDP2 (``ModelParallelStrategy``), also shard the frozen target's decoder
             layers over the ranks (its embedding, final norm and head stay whole on every rank, since
             the drafter reads them outside the target's forward). Default: replicate the target.
-        lr: peak learning rate of the default optimizer (the released drafters used 6e-4).
-        weight_decay: weight decay of the default optimizer.
-        warmup_fraction: the default schedule's linear warmup, as a fraction of all steps.
-        min_lr_ratio: the default schedule's cosine decays to lr * min_lr_ratio.
+        lr: peak learning rate of the default optimizer (the released drafters used 6e-4); > 0.
+        weight_decay: weight decay of the default optimizer; >= 0.
+        warmup_fraction: the default schedule's linear warmup, as a fraction of all steps (0..1).
+        min_lr_ratio: the default schedule's cosine decays to lr * min_lr_ratio (0..1).
         seed: seeds the anchor draws (step-indexed, so a resumed run draws the same anchors).
         optimizer: any optimizer, chosen in YAML (``class_path: torch.optim.SGD`` with its
             ``init_args``; ``MuonWithAdamW`` for Muon); default AdamW(lr, weight_decay,
@@ -118,6 +128,8 @@ class DFlashModule(pl.LightningModule):
         lr_scheduler: LRSchedulerCallable | None = None,
     ):
         super().__init__()
+        for name, problem in optimizer_problems(lr, weight_decay, warmup_fraction, min_lr_ratio):
+            raise ArgumentError(name, problem)  # before the target loads: one line naming the flag
         # Hyperparameters as plain {class_path, init_args} dicts (weights_only checkpoints hold plain
         # types only). A chosen optimizer or scheduler is a callable: the run's config.yaml keeps it.
         args = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
@@ -142,6 +154,7 @@ class DFlashModule(pl.LightningModule):
         self.calibration: dict = {}  # the last validation's table, for --results and calibration.json
         # The frozen target is not in checkpoints; on_load_checkpoint checks the drafter.
         self.strict_loading = False
+        self._step_parts: list[dict] = []  # the loss terms of the micro-batches of the coming step
 
     def _wire_target(self, target: TargetLoader) -> None:
         """Loads the target and checks that the chosen components fit it and each other."""
@@ -201,6 +214,7 @@ class DFlashModule(pl.LightningModule):
         inp = self.steps(batch, self.anchors, self.target_source, seed, rows, noisy=True)
         sb = self._slot_batch(self.steps.draft_hidden(inp), inp)
         parts = self.loss_fn(sb)
+        self._step_parts.append({k: v.detach() for k, v in parts.items()})  # checked before the step
         acc = (sb.argmax() == sb.labels).float().mean() if not sb.empty else torch.zeros(())
         bsz = batch["input_ids"].shape[0]
         # sync_dist: with data parallelism each rank's loss is its share of the global-batch loss
@@ -285,13 +299,66 @@ class DFlashModule(pl.LightningModule):
     def configure_optimizers(self):
         hp = self.hparams
         params = [p for p in self.parameters() if p.requires_grad]  # drafter + auxiliary heads
-        opt = self.optimizer(params) if self.optimizer else default_optimizer(params, hp.lr, hp.weight_decay)
+        with argument("optimizer"):  # a chosen optimizer's own refusal (torch: "Invalid learning rate")
+            if self.optimizer is not None:
+                opt = self.optimizer(params)
+            else:
+                opt = default_optimizer(params, hp.lr, hp.weight_decay)
+            problem = learning_rates_problem([float(g["lr"]) for g in opt.param_groups])
+            if problem:
+                raise ValueError(problem)
         if self.lr_scheduler is not None:
             sched = self.lr_scheduler(opt)
         else:
             total = max(1, int(self.trainer.estimated_stepping_batches))
             sched = WarmupCosine(opt, total, hp.warmup_fraction, hp.min_lr_ratio)
         return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+    # --- the finite guard ---------------------------------------------------------------------------
+    # A run that diverges stops at once, saying where, and never writes a non-finite checkpoint. In
+    # the module rather than a callback, so that it is on for every run (a config's trainer.callbacks
+    # list replaces the defaults; Trainer.fit from Python gets it too), and because its two hooks run
+    # where nothing can have saved the weights yet: on_before_optimizer_step after backward and
+    # before the step (a NaN loss or gradient is never applied, so the weights in memory stay
+    # finite), and on_save_checkpoint before any file is written (ModelCheckpoint's last.ckpt
+    # included), for a step that overflowed the weights from finite gradients. One flag reduced over
+    # the ranks per check, so that under DDP or FSDP2 every rank stops at the same step.
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        parts, self._step_parts = self._step_parts, []  # every micro-batch since the last step
+        named = [(f"train/{key}", value) for terms in parts for key, value in terms.items()]
+        if getattr(self.trainer.precision_plugin, "scaler", None) is None:
+            # fp16's GradScaler skips a step on inf gradients by design (and lowers its scale).
+            named += [(f"gradient of {n}", p.grad) for n, p in self.named_parameters() if p.grad is not None]
+        self._last_terms = parts[-1] if parts else {}
+        self._stop_unless_finite(named, "the step was not taken")
+
+    def _stop_unless_finite(self, named: list[tuple[str, torch.Tensor]], outcome: str) -> None:
+        ok = all_finite([t for _, t in named])
+        failed = (~ok).float()
+        if self._trainer is not None:  # summed over the ranks: every rank stops at the same step
+            strategy = self.trainer.strategy
+            failed = strategy.reduce(failed.to(strategy.root_device), reduce_op="sum")
+        if float(failed) == 0:
+            return
+        bad = first_nonfinite(named)  # empty on a rank whose own values are finite
+        where = f"step {self.global_step}"
+        if self._trainer is not None and self.trainer.world_size > 1:
+            where += f" (rank {self.global_rank})" if bad else " (on another rank)"
+        terms = {f"train/{k}": float(v) for k, v in getattr(self, "_last_terms", {}).items()}
+        raise Diverged(divergence_message(f"{where}, {outcome}", bad, terms, self._last_checkpoint()))
+
+    def _last_checkpoint(self) -> str | None:
+        """The newest checkpoint file this run's checkpoint callbacks wrote (all finite: see above)."""
+        if self._trainer is None:
+            return None
+        paths = {
+            getattr(cb, attr, "")
+            for cb in self.trainer.checkpoint_callbacks
+            for attr in ("last_model_path", "best_model_path")
+        }
+        files = [Path(p) for p in paths if p and Path(p).exists()]
+        return str(max(files, key=lambda f: f.stat().st_mtime)) if files else None
 
     # --- checkpoints --------------------------------------------------------------------------------
     def describe(self) -> dict:
@@ -303,6 +370,8 @@ class DFlashModule(pl.LightningModule):
         state = checkpoint["state_dict"]
         for key in [k for k in state if k.startswith("target.")]:
             del state[key]  # the frozen target is loaded from its source, never copied into checkpoints
+        named = [*state.items(), *named_tensors("optimizer", checkpoint.get("optimizer_states", []))]
+        self._stop_unless_finite(named, "no checkpoint written")
         checkpoint["spec_drafters"] = self.describe()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:

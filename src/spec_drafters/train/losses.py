@@ -33,6 +33,7 @@ from torch import nn
 
 from spec_drafters.model.tree import build_tree
 from spec_drafters.registry import register
+from spec_drafters.train.objective import coefficients_problem
 from spec_drafters.train.weights import ExpDecay, SlotWeights
 
 
@@ -361,7 +362,8 @@ class LossMix(SlotLoss):
 
     Args:
         losses: the terms (any per-slot ``loss`` component: hard_ce, soft_kl, tv, nla, lk_hybrid, ...).
-        coefficients: one per term, used as given (not normalised).
+        coefficients: one per term, used as given (not normalised): finite, >= 0, one at least > 0
+            (a 0 switches its term off).
         gamma: decay of the slot weights; null for uniform weights.
         weights: other per-slot weights; null: the gamma decay.
     """
@@ -381,6 +383,9 @@ class LossMix(SlotLoss):
         bad = [type(x).__name__ for x in losses if not isinstance(x, SlotLoss) or isinstance(x, LossMix)]
         if bad:
             raise ValueError(f"losses must be per-slot losses (not cap or mix), got {', '.join(bad)}")
+        problem = coefficients_problem(coefficients)
+        if problem:
+            raise ValueError(problem)
         self.losses = nn.ModuleList(losses)
         self.coefficients = list(coefficients)
         names = [getattr(x, "registry_name", type(x).__name__.lower()) for x in losses]
