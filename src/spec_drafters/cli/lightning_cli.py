@@ -63,10 +63,31 @@ def read_checkpoint(path: str) -> dict:
         sys.exit(f"spec-drafters: error: {e}")
 
 
-def _model_flags(argv: list[str]) -> list[str]:
-    """The model arguments set on the command line, as dotted keys (``drafter.block_size``)."""
-    flags = [a.split("=", 1)[0].rstrip("+") for a in argv if a.startswith("--model.")]
-    return [f[len("--model.") :] for f in flags]
+def _model_settings(argv: list[str]) -> dict[str, str]:
+    """The model arguments the user set, as dotted keys (``drafter.block_size``), each with where it
+    was set: its ``--model.*`` flag, or the ``--config`` file whose ``model:`` section holds it (the
+    last one on the command line wins, as in LightningCLI)."""
+    where: dict[str, str] = {}
+    for i, arg in enumerate(argv):
+        name = arg.split("=", 1)[0]
+        if name.startswith("--model."):
+            key = name.rstrip("+")[len("--model.") :]
+            where[key] = f"--model.{key}"
+        elif name in ("--config", "-c") and ("=" in arg or i + 1 < len(argv)):
+            path = arg.split("=", 1)[1] if "=" in arg else argv[i + 1]
+            model = read_config(path).get("model")
+            where |= dict.fromkeys(_dotted_keys(model), path) if isinstance(model, dict) else {}
+    return where
+
+
+def _dotted_keys(tree: dict, prefix: str = "") -> list[str]:
+    keys = []
+    for name, value in tree.items():
+        if isinstance(value, dict) and value:
+            keys += _dotted_keys(value, f"{prefix}{name}.")
+        else:
+            keys.append(f"{prefix}{name}")
+    return keys
 
 
 def _target_identity(target) -> str | None:
@@ -112,7 +133,8 @@ class SpecDraftersCLI(LightningCLI):
 
         Before anything is built: the file must exist and be plain data, and the checkpoint's target
         must be this run's (otherwise its drafter settings would fail against the wrong target first,
-        e.g. as a bad ``num_taps``). A command-line flag the checkpoint overrides is warned about.
+        e.g. as a bad ``num_taps``). A setting the checkpoint overrides is warned about, whether a
+        command-line flag or a ``--config`` file set it.
         """
         sub = self.config.get("subcommand")
         ckpt_path = self.config[sub].get("ckpt_path") if sub else None
@@ -135,11 +157,14 @@ class SpecDraftersCLI(LightningCLI):
             return
         before = self.config[sub].clone()
         self.config = self.parser.parse_object({sub: {"model": hparams}}, self.config)
-        for key in _model_flags(self.argv):
+        for key, where in _model_settings(self.argv).items():
             given, used = before.get(f"model.{key}"), self.config[sub].get(f"model.{key}")
             if given != used:
+                setting = f"{where} {_shown(given)}"
+                if not where.startswith("--"):  # a config file
+                    setting = f"model.{key} {_shown(given)} (set in {where})"
                 rank_zero_warn(
-                    f"--model.{key} {_shown(given)} is overridden by the checkpoint's {_shown(used)} "
+                    f"{setting} is overridden by the checkpoint's {_shown(used)} "
                     f"(--ckpt_path {ckpt_path}): a checkpoint keeps the drafter it was trained as"
                 )
 
