@@ -8,6 +8,7 @@ CLI parser (LightningCLI, as ``fit`` and ``lint`` do), for every registered clas
 """
 
 import inspect
+import json
 import re
 import typing
 
@@ -202,7 +203,12 @@ def test_recorded_hyperparameters_parse_back_to_the_same_component(tmp_path, par
     --ckpt_path`` parses them again. A LossMix once recorded its terms' ModuleList as a bogus class, so
     its checkpoints could not be loaded (lk_mix of the ablation)."""
     path = f"{cls.__module__}.{cls.__qualname__}"
-    spec = {"class_path": path, "init_args": REQUIRED.get(cls.__name__, {})}
+    init_args = dict(REQUIRED.get(cls.__name__, {}))
+    if "cost_model" in init_args:  # read when the verifier is built: a real cost file
+        init_args["cost_model"] = str(tmp_path / "cost.json")
+        cost = {"tokens": [1, 2, 4], "verify": [1.0, 1.1, 1.2], "draft": 0.1, "machine": {"threads": 1}}
+        (tmp_path / "cost.json").write_text(json.dumps(cost))
+    spec = {"class_path": path, "init_args": init_args}
     model = {"target": {"class_path": "TinyRandom", "init_args": {"num_layers": 8}}}
     model["drafter"] = {"num_layers": 1, "block_size": 4}
     model[param] = [spec] if param == "eval_verifiers" else spec
