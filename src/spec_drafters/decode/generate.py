@@ -1,4 +1,5 @@
-"""Real decoding: plain greedy, and greedy speculative decoding with a DFlash drafter (batch size 1).
+"""Real decoding: plain greedy, greedy speculative decoding with a DFlash drafter, and prompt lookup
+(batch size 1).
 
 One round of speculative decoding (docs/method.md sections 3 and 4):
   1. the drafter reads the committed context (its cache) and the block [bonus, MASK x (K-1)] at
@@ -14,10 +15,14 @@ One round of speculative decoding (docs/method.md sections 3 and 4):
 The output equals the target's own greedy decoding token for token: every committed token is one
 the target chose given exactly the committed prefix.
 
-Both decoders run the target's (and the drafter's) linear layers on prepacked oneDNN weights when
+Prompt lookup (``prompt_lookup_generate``) is the same loop with no drafter: step 1's tree is the
+chain of tokens copied from the context (decode/lookup.py), so it shares every rule above (the
+target forward, the cache handling, the round and tau counting) with the drafters it is compared to.
+
+All decoders run the target's (and the drafter's) linear layers on prepacked oneDNN weights when
 ``packed_linears`` is set (the default; model/kernels.py): on CPU this makes a K-token verify forward cost
-little more than a one-token step. Packing happens once, before the clock starts, and both decoders
-get it, so their speedup ratio compares like with like.
+little more than a one-token step. Packing happens once, before the clock starts, and every decoder
+gets it, so their speedup ratios compare like with like.
 """
 
 from __future__ import annotations
@@ -28,9 +33,11 @@ from dataclasses import dataclass, field
 import torch
 
 from spec_drafters.decode.acceptance import accepted_nodes
+from spec_drafters.decode.lookup import graft, lookup_continuation
 from spec_drafters.decode.verifiers import Verifier
 from spec_drafters.model.drafter import ContextCache, DFlashDrafter
 from spec_drafters.model.kernels import packed_linears as _packed
+from spec_drafters.model.tree import DraftTree
 from spec_drafters.target.features import fc_input
 from spec_drafters.target.frozen import FrozenTarget, crop_cache
 from spec_drafters.train.anchors import build_blocks
@@ -136,10 +143,55 @@ def greedy_step(target: FrozenTarget, cache, token: int, position: int) -> int:
     return int(target.head(out.hidden[:, -1]).argmax(-1))
 
 
+class PromptLookup(Verifier):
+    """Prompt lookup as a drafter-free draft source (``speculative_generate`` with ``drafter=None``):
+    each round's drafts are the tokens that followed the first occurrence, from the left, of the
+    sequence's last n tokens (n from ``max_ngram`` down to 1), at most ``num_tokens`` of them,
+    verified as a greedy chain.
+
+    The rule is transformers' ``PromptLookupCandidateGenerator`` (``generate(prompt_lookup_num_tokens=
+    ...)``, whose ``max_matching_ngram_size`` defaults to 2), so that tau compares with the baseline
+    users know; ``lookup_hybrid`` copies from the most recent occurrence instead (docs/verifiers.md).
+    Not registered: beside a drafter it would only add a drafter pass that nothing reads.
+    """
+
+    def __init__(self, num_tokens: int = 10, max_ngram: int = 2):
+        if num_tokens < 1 or max_ngram < 1:
+            raise ValueError(f"num_tokens and max_ngram must be >= 1, got {num_tokens} and {max_ngram}")
+        self.num_tokens, self.max_ngram = num_tokens, max_ngram
+
+    @property
+    def block_size(self) -> int:
+        """The bonus token and at most ``num_tokens`` drafts: a drafter's block size, for the loop."""
+        return self.num_tokens + 1
+
+    def label(self) -> str:
+        return "prompt_lookup"
+
+    def with_context(self, tree, history, depth):
+        copy = lookup_continuation(history, self.max_ngram, 1, min(self.num_tokens, depth), earliest=True)
+        return graft(tree, copy)  # onto the empty tree: the chain of the copy
+
+
+@torch.no_grad()
+def prompt_lookup_generate(
+    target: FrozenTarget,
+    prompt: list[int],
+    max_new_tokens: int,
+    eos_ids: list[int],
+    num_tokens: int,
+    max_ngram: int = 2,
+    packed_linears: bool = True,
+) -> DecodeResult:
+    """Prompt-lookup decoding (no drafter) on the same path as ``greedy_generate`` and the drafters."""
+    source = PromptLookup(num_tokens, max_ngram)
+    return speculative_generate(target, None, [], source, prompt, max_new_tokens, eos_ids, packed_linears)
+
+
 @torch.no_grad()
 def speculative_generate(
     target: FrozenTarget,
-    drafter: DFlashDrafter,
+    drafter: DFlashDrafter | None,
     fc_ids: list[int],
     verifier: Verifier,
     prompt: list[int],
@@ -147,14 +199,18 @@ def speculative_generate(
     eos_ids: list[int],
     packed_linears: bool = True,
 ) -> DecodeResult:
-    """``packed_linears``: run the linear layers on prepacked oneDNN weights (CPU; see model/kernels.py)."""
-    with _packed(target, drafter, enabled=packed_linears):  # packs once, outside the timing
+    """``drafter`` None: the drafts come from ``verifier`` alone (a :class:`PromptLookup`).
+    ``packed_linears``: run the linear layers on prepacked oneDNN weights (CPU; see model/kernels.py)."""
+    if (drafter is None) != isinstance(verifier, PromptLookup):
+        raise ValueError("PromptLookup is the draft source of a decode without a drafter, and only that")
+    models = [target] if drafter is None else [target, drafter]
+    with _packed(*models, enabled=packed_linears):  # packs once, outside the timing
         return _speculative(target, drafter, fc_ids, verifier, prompt, max_new_tokens, eos_ids)
 
 
 def _speculative(
     target: FrozenTarget,
-    drafter: DFlashDrafter,
+    drafter: DFlashDrafter | None,
     fc_ids: list[int],
     verifier: Verifier,
     prompt: list[int],
@@ -163,7 +219,7 @@ def _speculative(
 ) -> DecodeResult:
     check_fits(target, len(prompt), max_new_tokens)
     t0 = time.perf_counter()
-    cfg = drafter.config
+    block_size = verifier.block_size if drafter is None else drafter.config.block_size
     device = target.embed_tokens.weight.device
     eos = set(eos_ids)
     cache = new_cache(target)
@@ -173,8 +229,9 @@ def _speculative(
         cache=cache,
         use_cache=True,
     )
-    context = ContextCache(drafter)
-    context.append(_features(out, fc_ids, list(range(len(prompt)))))  # positions 0..P-1
+    context = None if drafter is None else ContextCache(drafter)
+    if context is not None:
+        context.append(_features(out, fc_ids, list(range(len(prompt)))))  # positions 0..P-1
     bonus = int(target.head(out.hidden[:, -1]).argmax(-1))
     tokens, done = _finish([bonus], max_new_tokens, eos)
     history = [*prompt, bonus]  # what a verifier may copy from; grows by each round's commit
@@ -182,13 +239,16 @@ def _speculative(
     start = len(prompt)  # position of the bonus token
     while not done:
         # A round commits at most depth + 1 tokens; never draft past the budget.
-        depth = min(cfg.block_size, max_new_tokens - len(tokens)) - 1
+        depth = min(block_size, max_new_tokens - len(tokens)) - 1
         path, committed = speculative_round(
             target, drafter, fc_ids, verifier, cache, context, bonus, start, depth, history
         )
-        accept_lengths.append(len(path))
         history += committed
+        before = len(tokens)
         tokens, done = _finish(tokens + committed, max_new_tokens, eos)
+        # What the round adds to the output: accepted drafts past an EOS are not committed (as in
+        # transformers' assisted decoding, which stops its candidates at an EOS).
+        accept_lengths.append(len(tokens) - before)
         start += len(path)
         bonus = committed[-1]
     return DecodeResult(tokens, time.perf_counter() - t0, accept_lengths)
@@ -196,11 +256,11 @@ def _speculative(
 
 def speculative_round(
     target: FrozenTarget,
-    drafter: DFlashDrafter,
+    drafter: DFlashDrafter | None,
     fc_ids: list[int],
     verifier: Verifier,
     cache,
-    context: ContextCache,
+    context: ContextCache | None,
     bonus: int,
     start: int,
     depth: int,
@@ -208,15 +268,19 @@ def speculative_round(
 ) -> tuple[list[int], list[int]]:
     """One round from the bonus token at ``start``: draft ``depth`` slots, verify, commit.
     ``history`` (the prompt and the committed tokens, ``bonus`` last) is what a verifier may copy
-    drafts from (``Verifier.with_context``).
+    drafts from (``Verifier.with_context``). Without a drafter (and its ``context``) the tree starts
+    empty and holds only what the verifier copies (:class:`PromptLookup`).
 
     Returns the accepted path (node indices, the root first) and the committed tokens (accepted
     drafts, then the next bonus); the target cache and the drafter context grow by the path.
     """
     device = target.embed_tokens.weight.device
-    tree = verifier.propose(_draft_logits(target, drafter, context, bonus, start, depth))
-    if drafter.draft_ids is not None:  # draft-vocabulary indices -> target token ids
-        tree.tokens = drafter.draft_ids[tree.tokens].tolist()
+    if drafter is None:
+        tree = DraftTree([], [], [], [])
+    else:
+        tree = verifier.propose(_draft_logits(target, drafter, context, bonus, start, depth))
+        if drafter.draft_ids is not None:  # draft-vocabulary indices -> target token ids
+            tree.tokens = drafter.draft_ids[tree.tokens].tolist()
     tree = verifier.with_context(tree, history if history is not None else [bonus], depth)
     ids = [bonus, *tree.tokens]  # node 0 is the bonus (the root)
     parents = [-1, *(p + 1 for p in tree.parents)]
@@ -236,7 +300,8 @@ def speculative_round(
     path = accept_path(ids, parents, posterior)  # [0, ...]: the root and the accepted nodes
     committed = [*(ids[i] for i in path[1:]), posterior[path[-1]]]  # accepted drafts + next bonus
     keep_cache(cache, start, path)  # the target cache holds the committed path only
-    context.append(_features(out, fc_ids, path))  # their tapped features join the drafter's context
+    if context is not None:
+        context.append(_features(out, fc_ids, path))  # their tapped features join the drafter's context
     return path, committed
 
 

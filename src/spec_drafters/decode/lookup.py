@@ -13,17 +13,22 @@ from spec_drafters.decode.acceptance import child_index
 from spec_drafters.model.tree import DraftTree
 
 
-def lookup_continuation(history: list[int], max_ngram: int, min_ngram: int, length: int) -> list[int]:
-    """Up to ``length`` tokens that followed the most recent earlier occurrence of the sequence's last
-    n tokens, for n from ``max_ngram`` down to ``min_ngram`` (the longest n that occurs wins); [] when
-    none occurs. The occurrence must start before the suffix itself, so the copy is never the suffix
-    reading itself; it may overlap it (a run of repeats continues the run)."""
+def lookup_continuation(
+    history: list[int], max_ngram: int, min_ngram: int, length: int, earliest: bool = False
+) -> list[int]:
+    """Up to ``length`` tokens that followed an earlier occurrence of the sequence's last n tokens, for n
+    from ``max_ngram`` down to ``min_ngram`` (the longest n that occurs wins); [] when none occurs. The
+    occurrence is the most recent one, or with ``earliest`` the first from the left (transformers'
+    ``PromptLookupCandidateGenerator``: prompt lookup's own rule, decode/generate.py). It must start
+    before the suffix itself, so the copy is never the suffix reading itself; it may overlap it (a run
+    of repeats continues the run)."""
     if length < 1:
         return []
     end = len(history)
     for n in range(min(max_ngram, end - 1), min_ngram - 1, -1):
         suffix = history[end - n :]
-        for start in range(end - n - 1, -1, -1):  # most recent first
+        starts = range(end - n) if earliest else range(end - n - 1, -1, -1)
+        for start in starts:
             if history[start : start + n] == suffix:
                 return history[start + n : start + n + length]
     return []

@@ -3,8 +3,10 @@
 Teacher-forced metrics (module.py) say how well the drafter predicts the target's labels; this says
 what actually happens when the drafter drives the target: each prompt is decoded by the target alone
 (plain greedy), then with the drafter under each verifier (the module's, plus any listed here), and
-optionally by transformers' prompt-lookup decoding, the drafter-free baseline users would otherwise
-pick. Every output must equal the plain greedy one.
+optionally by prompt-lookup decoding, the drafter-free baseline users would otherwise pick, run on the
+same target path as greedy and the drafters (decode/generate.py ``prompt_lookup_generate``, the
+candidate rule of transformers' ``prompt_lookup_num_tokens``). Every output must equal the plain
+greedy one.
 
 Metrics: ``decode/<metric>`` for the module's verifier, ``decode/<metric>_<label>`` for the others
 (label: registry name, plus ``_b<budget>`` for DDTree), ``decode/<metric>_prompt_lookup``.
@@ -13,51 +15,22 @@ Metrics: ``decode/<metric>`` for the module's verifier, ``decode/<metric>_<label
 from __future__ import annotations
 
 import json
-import time
 import warnings
 from pathlib import Path
 from typing import Literal
 
 import lightning.pytorch as pl
-import torch
 from jsonargparse import lazy_instance
 from lightning.pytorch.callbacks import RichProgressBar, ThroughputMonitor
 from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from spec_drafters.data.prompts import HumanEvalPrompts, PromptSet
-from spec_drafters.decode.generate import DecodeResult, check_fits, speculative_generate
+from spec_drafters.decode.generate import check_fits, prompt_lookup_generate, speculative_generate
 from spec_drafters.decode.summary import prompt_row, summarize
 from spec_drafters.decode.verifiers import Verifier
 
-
-@torch.no_grad()
-def prompt_lookup_generate(module, prompt: list[int], max_new_tokens: int, num_tokens: int) -> DecodeResult:
-    """transformers' prompt-lookup decoding (n-gram drafts copied from the prompt), greedy.
-
-    tau is counted like ours: tokens after the first, per target forward after the prefill.
-    """
-    model = module.target.model
-    calls = []
-    hook = model.register_forward_hook(lambda *_: calls.append(1))
-    eos = module.card.eos_token_ids
-    ids = torch.tensor([prompt], device=module.target.embed_tokens.weight.device)
-    t0 = time.perf_counter()
-    try:
-        out = model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            do_sample=False,
-            max_new_tokens=max_new_tokens,
-            prompt_lookup_num_tokens=num_tokens,
-            eos_token_id=eos or None,
-            pad_token_id=eos[0] if eos else 0,
-        )
-    finally:
-        hook.remove()
-    seconds = time.perf_counter() - t0
-    tokens = out[0, len(prompt) :].tolist()
-    return DecodeResult(tokens, seconds, verify_forwards=max(1, len(calls) - 1))  # prefill excluded
+PROMPT_LOOKUP_IMPL = "fast_path"  # prompt lookup on the drafters' target path (decode/generate.py)
 
 
 class SpeculativeDecodingEval(pl.Callback):
@@ -67,8 +40,9 @@ class SpeculativeDecodingEval(pl.Callback):
         prompts: the evaluation prompts (HumanEval by default).
         max_new_tokens: tokens generated per prompt.
         verifiers: more verifiers to decode with besides the module's (e.g. DDTree at several budgets).
-        prompt_lookup_tokens: also run transformers' prompt-lookup decoding with this many draft
-            tokens per round (null: skip).
+        prompt_lookup_tokens: also run prompt-lookup decoding with at most this many draft tokens a
+            round (null: skip); per-prompt rows then say ``prompt_lookup_impl: fast_path`` (rows
+            without it came from transformers' ``generate`` on stock kernels).
         during_fit: also run at the end of every validation inside ``fit`` (slow on CPU).
         output: per-prompt results (JSONL): a path relative to the logger's folder (skipped without a
             logger), or an absolute path (written with or without one); null to skip.
@@ -107,8 +81,10 @@ class SpeculativeDecodingEval(pl.Callback):
                 module.card.eos_token_ids,
             )
         if self.prompt_lookup_tokens:
-            n = self.prompt_lookup_tokens
-            out["_prompt_lookup"] = lambda p: prompt_lookup_generate(module, p, self.max_new_tokens, n)
+            n, eos = self.prompt_lookup_tokens, module.card.eos_token_ids
+            out["_prompt_lookup"] = lambda p: prompt_lookup_generate(
+                module.target, p, self.max_new_tokens, eos, num_tokens=n
+            )
         return out
 
     def on_validation_epoch_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
@@ -129,6 +105,8 @@ class SpeculativeDecodingEval(pl.Callback):
         for i, prompt in enumerate(prompts):
             plain = module.greedy(prompt, self.max_new_tokens)
             row = {"prompt": i, "prompt_tokens": len(prompt)}
+            if "_prompt_lookup" in decoders:  # which prompt lookup ran: older rows timed transformers'
+                row["prompt_lookup_impl"] = PROMPT_LOOKUP_IMPL
             for suffix, decode in decoders.items():
                 one = prompt_row(decode(prompt), plain)  # decode/summary.py: one rule for every caller
                 per_decoder[suffix].append(one)
