@@ -3,7 +3,11 @@
 Runs ``spec-drafters validate`` with ``configs/bench_humaneval.yaml`` over a drafter's config (all 164
 prompts x 64 new tokens by default, batch size 1), then prints per decoder: tau as the mean of
 per-prompt means and pooled, tokens/s, speedup over plain greedy decoding measured in the same run,
-and how many outputs equal plain greedy's token for token.
+and how many outputs equal plain greedy's token for token. Prompt lookup runs on the same target path
+as greedy and the drafters (decode/generate.py ``prompt_lookup_generate``: transformers' candidate
+rule, our forward, cache and counting); its rows say ``prompt_lookup_impl: fast_path``, and the
+results line says which prompt lookup its rows timed (``transformers``: rows from before issue 30,
+timed through transformers' ``generate`` on stock kernels).
 
 The prompts run in ``--parts`` pieces, each its own process writing its per-prompt rows
 (``<out>/<name>/part-XX-of-PP.jsonl``, by default under ``benchmarks/results/humaneval_decoding/``,
@@ -180,7 +184,23 @@ def drafter_identity(args) -> dict:
         **({"chain_depths": args.chain_depth} if args.chain_depth else {}),  # absent in older folders
         **({"lookup": True} if args.lookup else {}),
         **({"budgets": sorted(args.budgets)} if args.budgets else {}),
+        # pieces that timed transformers' prompt lookup (folders without this key) are not merged
+        "prompt_lookup_impl": _impl(),
     }
+
+
+def _impl() -> str:
+    from spec_drafters.lightning.callbacks import PROMPT_LOOKUP_IMPL
+
+    return PROMPT_LOOKUP_IMPL
+
+
+def prompt_lookup_impl(prompt_rows: list[dict]) -> str | None:
+    """Which prompt lookup the rows timed (None: none ran): the callback marks its rows; rows with
+    prompt lookup and no mark timed transformers' ``generate``."""
+    if "tau_prompt_lookup" not in prompt_rows[0]:
+        return None
+    return "+".join(sorted({r.get("prompt_lookup_impl", "transformers") for r in prompt_rows}))
 
 
 def check_identity(args, folder: Path) -> None:
@@ -288,7 +308,9 @@ def main() -> None:
     folder.mkdir(parents=True, exist_ok=True)
     check_identity(args, folder)
     run_parts(args, folder, overlay(folder, args.cost_model, args.chain_depth, args.lookup, args.budgets))
-    rows = summaries(merged_rows(args, folder))
+    prompt_rows = merged_rows(args, folder)
+    rows = summaries(prompt_rows)
+    impl = prompt_lookup_impl(prompt_rows)
     prompts = args.num_prompts
     greedy = sum(r["greedy_tokens_per_s"] for r in rows) / len(rows)  # the same greedy runs for all
     print(f"{prompts} HumanEval prompts; plain greedy {greedy:.2f} tokens/s")
@@ -298,6 +320,8 @@ def main() -> None:
             f"{r['decoder']:<15} {r['tau']:>6.3f} {r['tau_pooled']:>7.3f} {r['tokens_per_s']:>7.2f} "
             f"{r['speedup']:>7.2f}x {r['lossless']:>5}/{prompts}"
         )
+    if impl:
+        print(f"prompt lookup: {impl}")
     best = max(rows, key=lambda r: r["speedup"])
     record(
         "humaneval_decoding",
@@ -310,6 +334,7 @@ def main() -> None:
             "greedy_tokens_per_s": greedy,
             "best": best["decoder"],
             "best_speedup": best["speedup"],
+            "prompt_lookup_impl": impl,
         },
     )
 
