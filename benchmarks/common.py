@@ -49,8 +49,8 @@ def versions() -> dict[str, str]:
     return out
 
 
-def record(name: str, rows: list[dict], summary: dict) -> None:
-    """Appends one line per run to results/<name>.jsonl and prints the closing JSON line."""
+def record(name: str, rows: list[dict], summary: dict, results: Path = RESULTS) -> None:
+    """Appends one line per run to results/<name>.jsonl (or ``results``) and prints the closing JSON line."""
     entry = {
         "benchmark": name,
         "git_sha": git_sha(),
@@ -62,8 +62,8 @@ def record(name: str, rows: list[dict], summary: dict) -> None:
         "rows": rows,
         **summary,
     }
-    RESULTS.mkdir(exist_ok=True)
-    with open(RESULTS / f"{name}.jsonl", "a") as fh:
+    results.mkdir(exist_ok=True)
+    with open(results / f"{name}.jsonl", "a") as fh:
         fh.write(json.dumps(entry) + "\n")
     print(json.dumps(summary))
 

@@ -11,8 +11,10 @@ timed through transformers' ``generate`` on stock kernels).
 
 The prompts run in ``--parts`` pieces, each its own process writing its per-prompt rows
 (``<out>/<name>/part-XX-of-PP.jsonl``, by default under ``benchmarks/results/humaneval_decoding/``,
-committed): run the same command again, on this machine or a fresh clone, and only the missing pieces
-run (a single process over all 164 prompts takes hours on 2 CPU cores, more than one session here).
+committed; with another ``--out`` the results line goes to ``<out>/humaneval_decoding.jsonl``, not
+to the committed ``benchmarks/results/``): run the same command again, on this machine or a fresh
+clone, and only the missing pieces run (a single process over all 164 prompts takes hours on 2 CPU
+cores, more than one session here).
 ``<out>/<name>/drafter.json`` holds the sha256 of the drafter the pieces measured (the folder's
 weights or the checkpoint) and the command's decoding settings; a rerun with another drafter or other
 settings under the same name is refused rather than merged. ``--workers 2`` runs two pieces
@@ -39,9 +41,10 @@ import sys
 import time
 from pathlib import Path
 
-from common import record
+from common import RESULTS, record
 
 ROOT = Path(__file__).resolve().parent.parent
+OUT = RESULTS / "humaneval_decoding"  # the committed pieces
 DECODERS = {
     "": "chain",
     "_ddtree_b8": "ddtree B=8",
@@ -302,7 +305,7 @@ def main() -> None:
         "--lookup", action="store_true", help="adds the chain, DDTree B=8 (and adaptive) with context drafts"
     )
     ap.add_argument("--name", default="drafter", help="a label for the results line")
-    ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "humaneval_decoding"))
+    ap.add_argument("--out", default=str(OUT), help="the pieces' folder; elsewhere, the results line too")
     args, args.extra = ap.parse_known_args()  # the rest (--model.*, --data.*) goes to validate
     folder = Path(args.out) / args.name
     folder.mkdir(parents=True, exist_ok=True)
@@ -336,6 +339,8 @@ def main() -> None:
             "best_speedup": best["speedup"],
             "prompt_lookup_impl": impl,
         },
+        # a check run with --out elsewhere keeps its line there, out of the committed results
+        RESULTS if Path(args.out).resolve() == OUT.resolve() else Path(args.out),
     )
 
 
