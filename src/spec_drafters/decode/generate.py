@@ -151,7 +151,9 @@ class PromptLookup(Verifier):
 
     The rule is transformers' ``PromptLookupCandidateGenerator`` (``generate(prompt_lookup_num_tokens=
     ...)``, whose ``max_matching_ngram_size`` defaults to 2), so that tau compares with the baseline
-    users know; ``lookup_hybrid`` copies from the most recent occurrence instead (docs/verifiers.md).
+    users know; ``lookup_hybrid`` copies from the most recent occurrence instead. One schedule differs:
+    transformers also checks a copy inside its prefill forward, where this loop commits the target's
+    first token only, as for greedy and the drafters (docs/verifiers.md, "Prompt lookup").
     Not registered: beside a drafter it would only add a drafter pass that nothing reads.
     """
 
