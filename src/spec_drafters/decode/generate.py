@@ -14,6 +14,9 @@ One round of speculative decoding (docs/method.md sections 3 and 4):
      the drafter's context grows by the path's tapped features.
 The output equals the target's own greedy decoding token for token: every committed token is one
 the target chose given exactly the committed prefix.
+On a hybrid target (Gated-DeltaNet layers beside attention) step 2 runs the recurrent layers along
+each node's path and step 3 sets their state to the accepted path's (decode/hybrid.py,
+docs/hybrid_targets.md); prefill and plain greedy steps are the model's own.
 
 Prompt lookup (``prompt_lookup_generate``) is the same loop with no drafter: step 1's tree is the
 chain of tokens copied from the context (decode/lookup.py), so it shares every rule above (the
@@ -27,11 +30,13 @@ gets it, so their speedup ratios compare like with like.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 
 import torch
 
+from spec_drafters.decode import hybrid
 from spec_drafters.decode.acceptance import accepted_nodes
 from spec_drafters.decode.lookup import graft, lookup_continuation
 from spec_drafters.decode.verifiers import Verifier
@@ -225,6 +230,7 @@ def _speculative(
     device = target.embed_tokens.weight.device
     eos = set(eos_ids)
     cache = new_cache(target)
+    hybrid.check_rollback(target, cache)  # one message, before any forward, for a cache we cannot roll back
     out = target(
         torch.tensor([prompt], device=device),
         position_ids=_positions(0, len(prompt), device),
@@ -288,20 +294,27 @@ def speculative_round(
     parents = [-1, *(p + 1 for p in tree.parents)]
     depths = [0, *tree.depths]
     block = torch.tensor([ids], device=device)
-    if tree.is_chain:  # positions start.. and the cache's causal mask are the chain's tree mask
-        out = target(block, position_ids=_positions(start, len(ids), device), cache=cache, use_cache=True)
-    else:
-        out = target(
-            block,
-            position_ids=torch.tensor([depths], device=device) + start,
-            attention_mask=tree_attention_mask(start, parents, target.embed_tokens.weight.dtype, device),
-            cache=cache,
-            use_cache=True,
-        )
+    # A hybrid target's recurrent layers verify along each node's path and are set by the commit
+    # (decode/hybrid.py); a plain target's forward and cache handling are untouched.
+    recurrent = hybrid.is_hybrid(cache)
+    with hybrid.tree_forward(target, parents) if recurrent else contextlib.nullcontext() as record:
+        if tree.is_chain:  # positions start.. and the cache's causal mask are the chain's tree mask
+            out = target(block, position_ids=_positions(start, len(ids), device), cache=cache, use_cache=True)
+        else:
+            out = target(
+                block,
+                position_ids=torch.tensor([depths], device=device) + start,
+                attention_mask=tree_attention_mask(start, parents, target.embed_tokens.weight.dtype, device),
+                cache=cache,
+                use_cache=True,
+            )
     posterior = target.head(out.hidden).argmax(-1)[0].tolist()  # target's token after each node
     path = accept_path(ids, parents, posterior)  # [0, ...]: the root and the accepted nodes
     committed = [*(ids[i] for i in path[1:]), posterior[path[-1]]]  # accepted drafts + next bonus
-    keep_cache(cache, start, path)  # the target cache holds the committed path only
+    if recurrent:
+        hybrid.commit(cache, record, start, path)
+    else:
+        keep_cache(cache, start, path)  # the target cache holds the committed path only
     if context is not None:
         context.append(_features(out, fc_ids, path))  # their tapped features join the drafter's context
     return path, committed
