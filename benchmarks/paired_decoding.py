@@ -10,6 +10,13 @@ times come from different runs (possibly on a loaded machine) and are not compar
 
     python benchmarks/paired_decoding.py benchmarks/results/humaneval_decoding/ablation-speculators_2026-s0 \\
         benchmarks/results/humaneval_decoding/ablation-v6-s0 [--resamples 2000] [--seed 0]
+
+With ``--speed``, each folder's decoders against prompt lookup *within that run* (times from one run
+compare like with like: every prompt's decoders ran back to back in one process): per decoder, its
+pooled tokens/s over prompt lookup's on the same prompts, a 95% bootstrap interval of that ratio
+(prompts resampled), and on how many prompts it was the faster:
+
+    python benchmarks/paired_decoding.py --speed FOLDER [FOLDER ...]
 """
 
 from __future__ import annotations
@@ -73,13 +80,60 @@ def paired(rows_a: list[dict], rows_b: list[dict], resamples: int = 2000, seed: 
     return out
 
 
+def speed_against(rows: list[dict], baseline: str = "_prompt_lookup", resamples: int = 2000, seed: int = 0):
+    """Per decoder of one run: pooled tokens/s over the ``baseline`` decoder's on the same prompts, its
+    95% bootstrap interval over prompts, and the prompts where it was faster (higher tokens/s)."""
+    if f"seconds{baseline}" not in rows[0]:
+        raise ValueError(f"the folder has no {DECODERS.get(baseline, baseline)} rows to compare with")
+
+    def ratio(sample: list[dict], suffix: str) -> float:
+        ours = sum(r[f"new_tokens{suffix}"] for r in sample) / sum(r[f"seconds{suffix}"] for r in sample)
+        base = sum(r[f"new_tokens{baseline}"] for r in sample) / sum(r[f"seconds{baseline}"] for r in sample)
+        return ours / base
+
+    rng, n, out = random.Random(seed), len(rows), []
+    draws = [[rows[rng.randrange(n)] for _ in range(n)] for _ in range(resamples)]
+    for suffix, label in DECODERS.items():
+        if suffix == baseline or f"seconds{suffix}" not in rows[0]:
+            continue
+        ratios = sorted(ratio(d, suffix) for d in draws)
+        faster = sum(r[f"tokens_per_s{suffix}"] > r[f"tokens_per_s{baseline}"] for r in rows)
+        out.append(
+            {
+                "decoder": label,
+                "prompts": n,
+                "ratio": ratio(rows, suffix),
+                "low": ratios[int(0.025 * (resamples - 1))],
+                "high": ratios[int(0.975 * (resamples - 1))],
+                "faster_on": faster,
+            }
+        )
+    return out
+
+
+def speed_main(folders: list[Path], resamples: int, seed: int) -> None:
+    for folder in folders:
+        rows = speed_against(folder_rows(folder), resamples=resamples, seed=seed)
+        print(f"{folder.name}: tokens/s over prompt lookup's, same run, 95% bootstrap interval over prompts")
+        for r in rows:
+            interval, faster = f"[{r['low']:.3f}, {r['high']:.3f}]", f"{r['faster_on']}/{r['prompts']}"
+            print(f"{r['decoder']:<22}{r['ratio']:>7.3f}{interval:>18}  faster on {faster}")
+        record("paired_decoding", rows, {"speed": folder.name, "resamples": resamples, "seed": seed})
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("a", type=Path, help="a humaneval_decoding result folder")
-    ap.add_argument("b", type=Path, help="another, on the same prompts")
+    ap.add_argument("b", type=Path, nargs="?", help="another, on the same prompts")
+    ap.add_argument("more", type=Path, nargs="*", help="with --speed: more folders")
+    ap.add_argument("--speed", action="store_true", help="each folder's decoders against its prompt lookup")
     ap.add_argument("--resamples", type=int, default=2000)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
+    if args.speed:
+        return speed_main([f for f in (args.a, args.b, *args.more) if f], args.resamples, args.seed)
+    if args.b is None or args.more:
+        ap.error("give two folders to pair (or --speed and any number of folders)")
     rows = paired(folder_rows(args.a), folder_rows(args.b), args.resamples, args.seed)
     print(f"A = {args.a.name}, B = {args.b.name}; per-prompt tau, A - B with a 95% bootstrap interval")
     print(f"{'decoder':<16}{'tau A':>8}{'tau B':>8}{'A - B':>9}{'95% interval':>20}  A wins/ties/B wins")

@@ -228,3 +228,87 @@ def test_generate_cli_on_the_tiny_hybrid_is_lossless(tmp_path, capsys):
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(rows) == 2 and all(r["lossless"] and r["verifier"] == "ddtree" for r in rows)
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["lossless"] == 1.0
+
+
+def test_validate_with_decoding_on_the_tiny_hybrid(tmp_path):
+    """``validate`` with the decoding callback on the hybrid target: every greedy decoder lossless, and
+    a sampled DDTree reported against plain sampling (no lossless for it)."""
+    from spec_drafters.cli.main import main
+
+    main(
+        ["validate", "--config", "tests/configs/tiny_hybrid.yaml", "--trainer.precision", "64-true",
+         "--model.target.init_args.dtype", "float64", "--trainer.default_root_dir", str(tmp_path),
+         "--results", str(tmp_path / "r.json"), "--trainer.limit_val_batches", "1",
+         "--trainer.callbacks+=SpeculativeDecodingEval", "--trainer.callbacks.max_new_tokens", "8",
+         "--trainer.callbacks.prompts", "HumanEvalPrompts", "--trainer.callbacks.prompts.num_prompts", "2",
+         "--trainer.callbacks.verifiers",
+         "[{class_path: DDTree, init_args: {budget: 8}},"
+         " {class_path: DDTree, init_args: {budget: 8, temperature: 0.8}}]",
+         "--trainer.callbacks.prompt_lookup_tokens", "3",
+         "--trainer.callbacks.output", str(tmp_path / "d.jsonl")]
+    )  # fmt: skip
+    metrics = json.loads((tmp_path / "r.json").read_text())["metrics"]
+    assert metrics["decode/prompts"] == 2
+    for suffix in ("", "_ddtree_b8", "_prompt_lookup"):
+        assert metrics[f"decode/lossless{suffix}"] == 1.0, suffix
+    assert "decode/lossless_ddtree_b8_t0.8" not in metrics and metrics["decode/tau_ddtree_b8_t0.8"] >= 1
+    rows = [json.loads(line) for line in (tmp_path / "d.jsonl").read_text().splitlines()]
+    assert all(r["lossless_ddtree_b8_t0.8"] is None and r["greedy_tokens_ddtree_b8_t0.8"] > 0 for r in rows)
+
+
+def test_generate_cli_samples_on_the_tiny_hybrid(tmp_path, capsys):
+    from spec_drafters.cli.main import main
+
+    out = tmp_path / "gen.jsonl"
+    args = ["generate", "--config", "tests/configs/tiny_hybrid.yaml", "--prompt", "def add(a, b):",
+            "--max_new_tokens", "8", "--model.verifier", "GreedyChain",
+            "--model.verifier.init_args.temperature", "0.9",
+            "--model.verifier.init_args.seed", "3"]  # fmt: skip
+    main([*args, "--out", str(out)])
+    (row,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert row["lossless"] is None and row["new_tokens"] == 8 and row["greedy_tokens"] == 8
+    main([*args, "--out", str(tmp_path / "again.jsonl")])
+    (again,) = [json.loads(line) for line in (tmp_path / "again.jsonl").read_text().splitlines()]
+    assert again["output"] == row["output"]  # one seed, one output
+
+
+def test_sliding_window_cache_is_refused_and_linted():
+    """A cache layer the decoder cannot cut back (a sliding window) is refused before any forward, and
+    ``lint`` says so from the config alone (warning decoding-unsupported)."""
+    from transformers import DynamicCache, Qwen3Config
+
+    from spec_drafters.artefacts import lint
+
+    sliding = {"sliding_window": 8, "layer_types": ["sliding_attention"] * 2, "use_sliding_window": True}
+    cfg = Qwen3Config(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=16, **sliding)  # fmt: skip
+    cache = DynamicCache(config=cfg)
+    refusal = r"layer 0 \(cache DynamicSlidingWindowLayer\).*greedy decoding"
+    with pytest.raises(InputError, match=refusal):
+        hybrid.check_rollback(None, cache)
+
+    class Module:  # what lint's decoding check reads
+        target = tiny_target("qwen3", num_layers=4)
+
+    assert lint._decoding(Module()) == []
+    Module.target.model.config.layer_types = ["sliding_attention"] * 4
+    Module.target.model.config.sliding_window = 8
+    (found,) = lint._decoding(Module())
+    assert found.code == "decoding-unsupported" and found.severity == "warning"
+    assert "DynamicSlidingWindowLayer" in found.message
+
+
+def test_lint_decoding_unsupported_is_an_error_when_the_config_decodes(tmp_path, monkeypatch):
+    from spec_drafters.cli.tools import lint_config
+
+    def refuse(target, cache):
+        raise InputError("speculative decoding cannot roll back this target's layer 0 (cache Other)")
+
+    monkeypatch.setattr(hybrid, "check_rollback", refuse)
+    tiny = ["--config", "tests/configs/tiny.yaml"]
+    (found,) = [f for f in lint_config(tiny) if f.code == "decoding-unsupported"]
+    assert found.severity == "warning"  # a config that only trains
+    decodes = tmp_path / "decodes.yaml"
+    decodes.write_text("trainer:\n  callbacks:\n    - class_path: SpeculativeDecodingEval\n")
+    (found,) = [f for f in lint_config([*tiny, "--config", str(decodes)]) if f.code == "decoding-unsupported"]
+    assert found.severity == "error" and "SpeculativeDecodingEval" in found.message

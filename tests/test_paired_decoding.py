@@ -63,3 +63,19 @@ def test_folders_that_cannot_pair_are_refused(bench, tmp_path):
     (unfinished / "part-01-of-02.jsonl").unlink()
     with pytest.raises(SystemExit, match="piece 2 of 2 is missing"):
         bench.folder_rows(unfinished)
+
+
+def test_speed_against_prompt_lookup_by_hand(bench):
+    rows = [
+        {"new_tokens": 10, "seconds": 1.0, "tokens_per_s": 10.0,
+         "new_tokens_prompt_lookup": 10, "seconds_prompt_lookup": 2.0, "tokens_per_s_prompt_lookup": 5.0},
+        {"new_tokens": 20, "seconds": 4.0, "tokens_per_s": 5.0,
+         "new_tokens_prompt_lookup": 20, "seconds_prompt_lookup": 2.0, "tokens_per_s_prompt_lookup": 10.0},
+    ]  # fmt: skip
+    (chain,) = bench.speed_against(rows, resamples=400)
+    # pooled: 30 tokens in 5 s against 30 tokens in 4 s
+    assert chain["decoder"] == "chain" and chain["ratio"] == pytest.approx(0.8) and chain["faster_on"] == 1
+    # a resample holds only the first prompt (2.0), only the second (0.5), or both (0.8)
+    assert 0.5 <= chain["low"] <= chain["ratio"] <= chain["high"] <= 2.0
+    with pytest.raises(ValueError, match="no prompt lookup rows"):
+        bench.speed_against([{"new_tokens": 1, "seconds": 1.0}])

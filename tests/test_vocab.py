@@ -74,9 +74,9 @@ def test_decoding_over_a_draft_vocabulary_is_lossless_and_stays_inside_it(verifi
     drafted: list[int] = []
     real_propose = type(verifier).propose
 
-    def spy(self, logits):
+    def spy(self, logits, rng=None):
         assert logits.shape[-1] == len(ids)  # the head ran over V_d columns only
-        tree = real_propose(self, logits)
+        tree = real_propose(self, logits, rng)
         drafted.extend(tree.tokens)
         return tree
 
@@ -88,6 +88,44 @@ def test_decoding_over_a_draft_vocabulary_is_lossless_and_stays_inside_it(verifi
         got = speculative_generate(target, drafter, [1, 2, 3], verifier, prompt, 16, eos_ids=[])
         assert got.tokens == want.tokens
     assert drafted and all(0 <= t < len(ids) for t in drafted)  # propose saw draft indices
+
+
+def test_sampled_chain_over_a_draft_vocabulary(monkeypatch):
+    """At temperature > 0 a chain's drafts are drawn over the draft vocabulary and their distributions
+    mapped onto the target's (zero outside the subset) before the chain rule reads them."""
+    from spec_drafters.decode import generate
+    from spec_drafters.decode.verifiers import GreedyChain
+
+    target = tiny_target(dtype="float64", seed=1)
+    base = tiny_drafter(target, block_size=4)
+    ids = torch.tensor(sorted(random.Random(0).sample(range(target.vocab_size), 40)))
+    drafter = DFlashDrafter(replace(base.config, draft_vocab_size=len(ids))).double().eval()
+    drafter.load_state_dict({**base.state_dict(), "draft_ids": ids})
+    seen = []
+    real = generate.sampled_path
+
+    def spy(tree, logits, sampling, rng):
+        if tree.draft_probs is not None:
+            seen.append(tree)
+        return real(tree, logits, sampling, rng)
+
+    monkeypatch.setattr(generate, "sampled_path", spy)
+    prompt = [3, 17, 42, 3, 17]
+    one = speculative_generate(
+        target, drafter, [1, 2, 3], GreedyChain(temperature=0.9, seed=4), prompt, 12, []
+    )
+    again = speculative_generate(
+        target, drafter, [1, 2, 3], GreedyChain(temperature=0.9, seed=4), prompt, 12, []
+    )
+    assert one.tokens == again.tokens and seen
+    for tree in seen:
+        assert tree.draft_probs.shape[-1] == target.vocab_size
+        outside = torch.ones(target.vocab_size, dtype=torch.bool).index_fill_(0, ids, False)
+        assert float(tree.draft_probs[:, outside].sum()) == 0.0
+        assert torch.allclose(tree.draft_probs.sum(-1), torch.ones(len(tree.tokens), dtype=torch.float64))
+        assert all(int(t) in set(ids.tolist()) for t in tree.tokens)  # target ids, inside the subset
+    cold = speculative_generate(target, drafter, [1, 2, 3], GreedyChain(temperature=1e-4), prompt, 12, [])
+    assert cold.tokens == greedy_generate(target, prompt, 12, eos_ids=[]).tokens
 
 
 @pytest.fixture(scope="module")

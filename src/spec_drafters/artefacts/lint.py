@@ -35,6 +35,7 @@ CODES = {
     "gamma-unusual": "warning",
     "tap-ids-plus-one": "warning",
     "causal-block-on-full": "warning",
+    "decoding-unsupported": "warning",
 }
 
 
@@ -64,6 +65,7 @@ def lint_module(module, text_sample: list[str] | None = None) -> list[Finding]:
         *_ids_plus_one(module),
         *_mask_rules(module),
         *_objective(module),
+        *_decoding(module),
     ]
 
 
@@ -285,3 +287,19 @@ def text_sample(data_path: str | Path | None, limit: int = 200) -> list[str] | N
 
     records = [r for _, r in read_jsonl(data_path)][:limit]
     return [r.get("text") or (r.get("prompt", "") + r.get("response", "")) for r in records]
+
+
+def _decoding(module) -> list[Finding]:
+    """Real decoding (validate's decoding callback, generate, the benchmarks) on this target: the same
+    check the decoder makes before its first forward (decode/hybrid.py ``check_rollback``), made here
+    on the target's config alone. A warning: training does not decode, and a drafter for a target
+    decoded elsewhere (vLLM, SGLang) is legitimate."""
+    from spec_drafters.decode.generate import new_cache
+    from spec_drafters.decode.hybrid import check_rollback
+    from spec_drafters.errors import InputError
+
+    try:
+        check_rollback(module.target, new_cache(module.target))
+    except InputError as e:
+        return [finding("decoding-unsupported", str(e))]
+    return []

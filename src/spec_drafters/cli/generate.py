@@ -1,5 +1,7 @@
 """``generate``: prompts through the target with the drafter and a chosen verifier; tau, speed and
-whether the output equals the target's own greedy decoding (docs/method.md section 3).
+whether the output equals the target's own greedy decoding (docs/method.md section 3). A verifier that
+samples (``--model.verifier.init_args.temperature`` > 0) is compared with plain sampling at the same
+settings, and its rows have no ``lossless`` (docs/sampling.md).
 
     spec-drafters generate --config CONFIG --ckpt_path CKPT (--prompt TEXT | --prompts FILE | --humaneval N)
 """
@@ -32,7 +34,9 @@ def generate_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max_new_tokens", type=int, default=64)
     ap.add_argument("--out", help="write outputs and per-prompt statistics to this JSONL file")
     ap.add_argument(
-        "--no_greedy", action="store_true", help="skip the plain greedy run (no speedup, no check)"
+        "--no_greedy",
+        action="store_true",
+        help="skip the plain run, greedy or sampled as the verifier decodes (no speedup, no check)",
     )
     return ap
 
@@ -118,20 +122,30 @@ def _texts(args: argparse.Namespace) -> list[str]:
 
 def _decode(module, i: int, prompt: list[int], verifier: str, args: argparse.Namespace) -> dict:
     """One prompt's row: the speculative decode and, unless --no_greedy, the plain greedy one."""
+    from spec_drafters.decode.generate import sample_generate
     from spec_drafters.decode.summary import prompt_row
 
+    sampling = module.verifier.sampling
     spec = module.speculate(prompt, args.max_new_tokens)
-    plain = None if args.no_greedy else module.greedy(prompt, args.max_new_tokens)
+    if args.no_greedy:
+        plain = None
+    elif sampling.greedy:
+        plain = module.greedy(prompt, args.max_new_tokens)
+    else:
+        plain = sample_generate(
+            module.target, prompt, args.max_new_tokens, module.card.eos_token_ids, sampling
+        )
     row = {
         "prompt": i,
         "verifier": verifier,
         "prompt_tokens": len(prompt),
         "output": module.tokenizer.decode(spec.tokens),
-        **prompt_row(spec, plain),
+        **prompt_row(spec, plain, sampled=not sampling.greedy),
     }
     stats = f"tau {row['tau']:.2f}, {row['tokens_per_s']:.1f} tok/s"
     if "speedup" in row:
-        stats += f", speedup {row['speedup']:.2f}, lossless {row['lossless']}"
+        stats += f", speedup {row['speedup']:.2f}"
+        stats += f", lossless {row['lossless']}" if row["lossless"] is not None else " (sampled)"
     print(f"[{i}] {len(spec.tokens)} tokens, {spec.rounds} rounds, {stats}")
     return row
 

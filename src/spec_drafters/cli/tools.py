@@ -177,7 +177,21 @@ def lint_config(argv: list[str]) -> list[Finding]:
         data = read_config(p).get("data")
         data_path = data.get("path", data_path) if isinstance(data, dict) else data_path
     sample = text_sample(data_path) if module.tokenizer is not None else None
-    return allow(paths, lint_module(module, sample))
+    return allow(paths, decoding_is_an_error(paths, lint_module(module, sample)))
+
+
+def decoding_is_an_error(paths: list[str], findings: list[Finding]) -> list[Finding]:
+    """``decoding-unsupported`` is a warning for a config that only trains, an error for one whose
+    validation decodes (a SpeculativeDecodingEval callback): that run would stop at its first decode."""
+    decodes = any(
+        "SpeculativeDecodingEval" in str((read_config(p).get("trainer") or {}).get("callbacks"))
+        for p in paths
+    )
+    for f in findings:
+        if decodes and f.code == "decoding-unsupported":
+            f.severity = "error"
+            f.message += " (this config decodes in validation: SpeculativeDecodingEval)"
+    return findings
 
 
 def lint_parser() -> argparse.ArgumentParser:

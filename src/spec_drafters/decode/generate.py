@@ -13,7 +13,10 @@ One round of speculative decoding (docs/method.md sections 3 and 4):
      after the last accepted node is the next bonus; the target cache keeps the accepted path and
      the drafter's context grows by the path's tapped features.
 The output equals the target's own greedy decoding token for token: every committed token is one
-the target chose given exactly the committed prefix.
+the target chose given exactly the committed prefix. At temperature > 0 (the verifier's ``sampling``)
+step 3 follows the target's own draws instead of its argmax, and the output is distributed exactly as
+plain sampling from the target (decode/sampling.py, docs/sampling.md); ``sample_generate`` is that
+plain sampling, the baseline of a sampled decoder.
 On a hybrid target (Gated-DeltaNet layers beside attention) step 2 runs the recurrent layers along
 each node's path and step 3 sets their state to the accepted path's (decode/hybrid.py,
 docs/hybrid_targets.md); prefill and plain greedy steps are the model's own.
@@ -39,6 +42,7 @@ import torch
 from spec_drafters.decode import hybrid
 from spec_drafters.decode.acceptance import accepted_nodes
 from spec_drafters.decode.lookup import graft, lookup_continuation
+from spec_drafters.decode.sampling import GREEDY, Sampling, chain_accept, draw, tree_accept
 from spec_drafters.decode.verifiers import Verifier
 from spec_drafters.model.drafter import ContextCache, DFlashDrafter
 from spec_drafters.model.kernels import packed_linears as _packed
@@ -119,25 +123,59 @@ def greedy_generate(
 ) -> DecodeResult:
     check_fits(target, len(prompt), max_new_tokens)
     with _packed(target, enabled=packed_linears):  # packs once per target, outside the timing
-        return _greedy(target, prompt, max_new_tokens, eos_ids)
+        return _plain(target, prompt, max_new_tokens, eos_ids, GREEDY)
 
 
-def _greedy(target: FrozenTarget, prompt: list[int], max_new_tokens: int, eos_ids: list[int]) -> DecodeResult:
+@torch.no_grad()
+def sample_generate(
+    target: FrozenTarget,
+    prompt: list[int],
+    max_new_tokens: int,
+    eos_ids: list[int],
+    sampling: Sampling,
+    packed_linears: bool = True,
+) -> DecodeResult:
+    """Plain decoding with ``sampling``: greedy at temperature 0, else a draw from the target each step
+    (the generator seeded with ``sampling.seed``)."""
+    check_fits(target, len(prompt), max_new_tokens)
+    with _packed(target, enabled=packed_linears):
+        return _plain(target, prompt, max_new_tokens, eos_ids, sampling)
+
+
+def _plain(
+    target: FrozenTarget, prompt: list[int], max_new_tokens: int, eos_ids: list[int], sampling: Sampling
+) -> DecodeResult:
     t0 = time.perf_counter()
     device = target.embed_tokens.weight.device
+    rng = None if sampling.greedy else sampling.generator(device)
     ids = torch.tensor([prompt], device=device)
     cache = new_cache(target)
     out = target(ids, position_ids=_positions(0, len(prompt), device), cache=cache, use_cache=True)
-    tokens = [int(target.head(out.hidden[:, -1]).argmax(-1))]
+    tokens = [next_token(target.head(out.hidden[0, -1]), sampling, rng)]
     tokens, done = _finish(tokens, max_new_tokens, set(eos_ids))
     while not done:
-        tokens.append(greedy_step(target, cache, tokens[-1], len(prompt) + len(tokens) - 1))
+        tokens.append(greedy_step(target, cache, tokens[-1], len(prompt) + len(tokens) - 1, sampling, rng))
         tokens, done = _finish(tokens, max_new_tokens, set(eos_ids))
     return DecodeResult(tokens, time.perf_counter() - t0, [1] * len(tokens))
 
 
-def greedy_step(target: FrozenTarget, cache, token: int, position: int) -> int:
-    """One plain decoding step: the target reads ``token`` at ``position`` and gives its next token."""
+def next_token(logits: torch.Tensor, sampling: Sampling = GREEDY, rng: torch.Generator | None = None) -> int:
+    """The target's next token from its logits (V,): the argmax, or a draw at temperature > 0."""
+    if sampling.greedy:
+        return int(logits.argmax(-1))
+    return draw(sampling.probs(logits), rng)
+
+
+def greedy_step(
+    target: FrozenTarget,
+    cache,
+    token: int,
+    position: int,
+    sampling: Sampling = GREEDY,
+    rng: torch.Generator | None = None,
+) -> int:
+    """One plain decoding step: the target reads ``token`` at ``position`` and gives its next token
+    (its argmax, or a draw with ``sampling`` at temperature > 0)."""
     device = target.embed_tokens.weight.device
     out = target(
         torch.tensor([[token]], device=device),
@@ -145,7 +183,7 @@ def greedy_step(target: FrozenTarget, cache, token: int, position: int) -> int:
         cache=cache,
         use_cache=True,
     )
-    return int(target.head(out.hidden[:, -1]).argmax(-1))
+    return next_token(target.head(out.hidden[0, -1]), sampling, rng)
 
 
 class PromptLookup(Verifier):
@@ -162,10 +200,20 @@ class PromptLookup(Verifier):
     Not registered: beside a drafter it would only add a drafter pass that nothing reads.
     """
 
-    def __init__(self, num_tokens: int = 10, max_ngram: int = 2):
+    def __init__(
+        self,
+        num_tokens: int = 10,
+        max_ngram: int = 2,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int = 0,
+    ):
         if num_tokens < 1 or max_ngram < 1:
             raise ValueError(f"num_tokens and max_ngram must be >= 1, got {num_tokens} and {max_ngram}")
         self.num_tokens, self.max_ngram = num_tokens, max_ngram
+        self._sample_with(
+            temperature, top_p, seed
+        )  # at temperature > 0 the copy is verified by the tree rule
 
     @property
     def block_size(self) -> int:
@@ -173,7 +221,7 @@ class PromptLookup(Verifier):
         return self.num_tokens + 1
 
     def label(self) -> str:
-        return "prompt_lookup"
+        return "prompt_lookup" + self.sampling.label()
 
     def with_context(self, tree, history, depth):
         copy = lookup_continuation(history, self.max_ngram, 1, min(self.num_tokens, depth), earliest=True)
@@ -189,9 +237,10 @@ def prompt_lookup_generate(
     num_tokens: int,
     max_ngram: int = 2,
     packed_linears: bool = True,
+    sampling: Sampling = GREEDY,
 ) -> DecodeResult:
     """Prompt-lookup decoding (no drafter) on the same path as ``greedy_generate`` and the drafters."""
-    source = PromptLookup(num_tokens, max_ngram)
+    source = PromptLookup(num_tokens, max_ngram, sampling.temperature, sampling.top_p, sampling.seed)
     return speculative_generate(target, None, [], source, prompt, max_new_tokens, eos_ids, packed_linears)
 
 
@@ -229,6 +278,7 @@ def _speculative(
     block_size = verifier.block_size if drafter is None else drafter.config.block_size
     device = target.embed_tokens.weight.device
     eos = set(eos_ids)
+    rng = None if verifier.sampling.greedy else verifier.sampling.generator(device)
     cache = new_cache(target)
     hybrid.check_rollback(target, cache)  # one message, before any forward, for a cache we cannot roll back
     out = target(
@@ -240,7 +290,7 @@ def _speculative(
     context = None if drafter is None else ContextCache(drafter)
     if context is not None:
         context.append(_features(out, fc_ids, list(range(len(prompt)))))  # positions 0..P-1
-    bonus = int(target.head(out.hidden[:, -1]).argmax(-1))
+    bonus = next_token(target.head(out.hidden[0, -1]), verifier.sampling, rng)
     tokens, done = _finish([bonus], max_new_tokens, eos)
     history = [*prompt, bonus]  # what a verifier may copy from; grows by each round's commit
     accept_lengths: list[int] = []
@@ -249,7 +299,7 @@ def _speculative(
         # A round commits at most depth + 1 tokens; never draft past the budget.
         depth = min(block_size, max_new_tokens - len(tokens)) - 1
         path, committed = speculative_round(
-            target, drafter, fc_ids, verifier, cache, context, bonus, start, depth, history
+            target, drafter, fc_ids, verifier, cache, context, bonus, start, depth, history, rng
         )
         history += committed
         before = len(tokens)
@@ -273,10 +323,12 @@ def speculative_round(
     start: int,
     depth: int,
     history: list[int] | None = None,
+    rng: torch.Generator | None = None,
 ) -> tuple[list[int], list[int]]:
     """One round from the bonus token at ``start``: draft ``depth`` slots, verify, commit.
     ``history`` (the prompt and the committed tokens, ``bonus`` last) is what a verifier may copy
-    drafts from (``Verifier.with_context``). Without a drafter (and its ``context``) the tree starts
+    drafts from (``Verifier.with_context``); ``rng`` is the decode's generator when the verifier samples
+    (temperature > 0). Without a drafter (and its ``context``) the tree starts
     empty and holds only what the verifier copies (:class:`PromptLookup`).
 
     Returns the accepted path (node indices, the root first) and the committed tokens (accepted
@@ -286,9 +338,12 @@ def speculative_round(
     if drafter is None:
         tree = DraftTree([], [], [], [])
     else:
-        tree = verifier.propose(_draft_logits(target, drafter, context, bonus, start, depth))
+        tree = verifier.propose(_draft_logits(target, drafter, context, bonus, start, depth), rng)
         if drafter.draft_ids is not None:  # draft-vocabulary indices -> target token ids
             tree.tokens = drafter.draft_ids[tree.tokens].tolist()
+            if tree.draft_probs is not None:  # the drafts' distributions, over the target's vocabulary
+                full = tree.draft_probs.new_zeros((tree.draft_probs.shape[0], target.vocab_size))
+                tree.draft_probs = full.index_copy_(1, drafter.draft_ids.to(full.device), tree.draft_probs)
     tree = verifier.with_context(tree, history if history is not None else [bonus], depth)
     ids = [bonus, *tree.tokens]  # node 0 is the bonus (the root)
     parents = [-1, *(p + 1 for p in tree.parents)]
@@ -308,9 +363,14 @@ def speculative_round(
                 cache=cache,
                 use_cache=True,
             )
-    posterior = target.head(out.hidden).argmax(-1)[0].tolist()  # target's token after each node
-    path = accept_path(ids, parents, posterior)  # [0, ...]: the root and the accepted nodes
-    committed = [*(ids[i] for i in path[1:]), posterior[path[-1]]]  # accepted drafts + next bonus
+    logits = target.head(out.hidden)[0]  # (T, V): the target after each node
+    if verifier.sampling.greedy:
+        posterior = logits.argmax(-1).tolist()  # target's token after each node
+        path = accept_path(ids, parents, posterior)  # [0, ...]: the root and the accepted nodes
+        committed = [*(ids[i] for i in path[1:]), posterior[path[-1]]]  # accepted drafts + next bonus
+    else:
+        path, nxt = sampled_path(tree, logits, verifier.sampling, rng)
+        committed = [*(ids[i] for i in path[1:]), nxt]
     if recurrent:
         hybrid.commit(cache, record, start, path)
     else:
@@ -318,6 +378,23 @@ def speculative_round(
     if context is not None:
         context.append(_features(out, fc_ids, path))  # their tapped features join the drafter's context
     return path, committed
+
+
+def sampled_path(
+    tree: DraftTree, logits: torch.Tensor, sampling: Sampling, rng: torch.Generator
+) -> tuple[list[int], int]:
+    """At temperature > 0: the accepted path (node indices, the root 0 first, as ``accept_path``) and
+    the next token. ``logits`` (T, V): the target after the root and each of the tree's nodes. A chain
+    drawn from the drafter (``draft_probs``) takes the chain rule, any other tree the tree rule."""
+
+    def target_probs(node: int) -> torch.Tensor:  # node: 0 the root, i the tree's node i - 1
+        return sampling.probs(logits[node])
+
+    if tree.draft_probs is not None and tree.is_chain and len(tree.draft_probs) == len(tree.tokens):
+        k, nxt = chain_accept(tree.tokens, tree.draft_probs, target_probs, rng)
+        return list(range(k + 1)), nxt
+    nodes, nxt = tree_accept(tree.tokens, tree.parents, lambda n: target_probs(n + 1), rng)
+    return [0, *(n + 1 for n in nodes)], nxt
 
 
 def _features(out, fc_ids: list[int], nodes: list[int]) -> torch.Tensor:

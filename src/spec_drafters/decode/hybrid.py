@@ -50,7 +50,20 @@ def is_hybrid(cache) -> bool:
 
 
 def check_rollback(target, cache) -> None:
-    """Refuses, in one message, a target whose recurrent layers this decoder cannot roll back."""
+    """Refuses, in one message, a target whose cache this decoder cannot roll back: recurrent layers
+    other than the supported Gated-DeltaNet ones, and attention caches other than a plain growing KV
+    (a sliding window drops positions a rejected draft's crop or a tree's compaction would need)."""
+    for i, layer in enumerate(getattr(cache, "layers", [])):
+        kind = type(layer).__name__
+        if kind not in ("DynamicLayer", "LinearAttentionLayer") and (
+            _linear_mixin() is None or not isinstance(layer, _linear_mixin())
+        ):
+            raise InputError(
+                f"speculative decoding cannot roll back this target's layer {i} (cache {kind}): it "
+                "verifies drafts on full-attention layers with a growing KV cache (DynamicLayer) and on "
+                f"the Gated-DeltaNet layers of {', '.join(SUPPORTED)} only; decode this target with plain "
+                "greedy decoding (no drafter), or use a target of a supported architecture"
+            )
     if not is_hybrid(cache):
         if gdn_modules(target):  # a transformers whose cache keeps these states elsewhere
             raise InputError(
@@ -206,6 +219,8 @@ def commit(cache, record: TreeRecord, start: int, path: list[int]) -> None:
             layer.conv_states[0].copy_(window)  # in place: the cache keeps its tensors' addresses
             layer.recurrent_states[0].copy_(state_at(path[-1], layer.recurrent_states[0][0], rule)[None])
             layer.cumulative_length_linear.add_(len(path))
+        elif path == list(range(len(path))):  # a chain prefix: cropping is enough, no copy of the KV
+            layer.crop(start + len(path) - layer.keys.shape[-2])  # negative: the tokens to remove
         else:
             keep = torch.cat([torch.arange(start), start + torch.tensor(path)]).to(layer.keys.device)
             layer.keys = layer.keys.index_select(-2, keep)

@@ -4,6 +4,10 @@ every caller (``spec-drafters generate``, the validation callback, the benchmark
 tau is reported both ways (vLLM #42508): ``tau`` the mean over prompts of each prompt's tokens per
 verify forward (what z-lab and the DDTree paper report), ``tau_pooled`` all committed tokens over all
 forwards. Speed is pooled: all tokens over all seconds, for each decoder.
+
+A decoder that samples (temperature > 0) is compared with plain sampling at the same settings (its
+``greedy_*`` figures are that baseline's); its output cannot equal one plain run token for token, so
+``lossless`` is None: sampling is lossless in distribution, which tests/test_sampling.py checks.
 """
 
 from __future__ import annotations
@@ -11,8 +15,9 @@ from __future__ import annotations
 from spec_drafters.decode.generate import DecodeResult
 
 
-def prompt_row(spec: DecodeResult, plain: DecodeResult | None = None) -> dict:
-    """One prompt's numbers (and, with the plain greedy run, its speedup and whether it is lossless)."""
+def prompt_row(spec: DecodeResult, plain: DecodeResult | None = None, sampled: bool = False) -> dict:
+    """One prompt's numbers (and, with the plain run, its speedup and, unless ``sampled``, whether it
+    is lossless: the same tokens as plain greedy decoding)."""
     row = {
         "new_tokens": len(spec.tokens),
         "rounds": spec.rounds,
@@ -28,14 +33,15 @@ def prompt_row(spec: DecodeResult, plain: DecodeResult | None = None) -> dict:
             greedy_seconds=plain.seconds,
             greedy_tokens_per_s=plain.tokens_per_s,
             speedup=spec.tokens_per_s / max(plain.tokens_per_s, 1e-9),
-            lossless=spec.tokens == plain.tokens,
+            lossless=None if sampled else spec.tokens == plain.tokens,
         )
     return row
 
 
 def summarize(rows: list[dict]) -> dict:
     """Over :func:`prompt_row` rows: prompts, tau, tau_pooled, tokens_per_s, and when the rows have
-    the greedy run, greedy_tokens_per_s, speedup (of pooled speeds) and lossless (fraction)."""
+    the greedy run, greedy_tokens_per_s, speedup (of pooled speeds) and lossless (fraction; None
+    for sampled rows)."""
     n = len(rows)
     if n == 0:
         raise ValueError("no prompts to summarise")
@@ -51,6 +57,8 @@ def summarize(rows: list[dict]) -> dict:
         out.update(
             greedy_tokens_per_s=greedy,
             speedup=out["tokens_per_s"] / max(greedy, 1e-9),
-            lossless=sum(r["lossless"] for r in rows) / n,
+            lossless=None
+            if any(r["lossless"] is None for r in rows)
+            else sum(r["lossless"] for r in rows) / n,
         )
     return out

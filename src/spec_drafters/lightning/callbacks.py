@@ -6,7 +6,8 @@ what actually happens when the drafter drives the target: each prompt is decoded
 optionally by prompt-lookup decoding, the drafter-free baseline users would otherwise pick, run on the
 same target path as greedy and the drafters (decode/generate.py ``prompt_lookup_generate``, the
 candidate rule of transformers' ``prompt_lookup_num_tokens``). Every output must equal the plain
-greedy one.
+greedy one. A verifier that samples (temperature > 0) is timed against plain sampling at its own
+settings instead, and has no ``lossless`` (decode/summary.py).
 
 Metrics: ``decode/<metric>`` for the module's verifier, ``decode/<metric>_<label>`` for the others
 (label: registry name, plus ``_b<budget>`` for DDTree), ``decode/<metric>_prompt_lookup``.
@@ -26,7 +27,13 @@ from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from spec_drafters.data.prompts import HumanEvalPrompts, PromptSet
-from spec_drafters.decode.generate import check_fits, prompt_lookup_generate, speculative_generate
+from spec_drafters.decode.generate import (
+    check_fits,
+    prompt_lookup_generate,
+    sample_generate,
+    speculative_generate,
+)
+from spec_drafters.decode.sampling import GREEDY, Sampling
 from spec_drafters.decode.summary import prompt_row, summarize
 from spec_drafters.decode.verifiers import Verifier
 
@@ -67,6 +74,14 @@ class SpeculativeDecodingEval(pl.Callback):
         self.during_fit, self.output = during_fit, output
         self.last: dict[str, float] = {}
 
+    def _samplings(self, module) -> dict[str, Sampling]:
+        """suffix -> how that decoder chooses tokens (its plain baseline decodes the same way)."""
+        out = {"": module.verifier.sampling}
+        out.update({"_" + v.label(): v.sampling for v in self.verifiers})
+        if self.prompt_lookup_tokens:
+            out["_prompt_lookup"] = GREEDY
+        return out
+
     def _decoders(self, module) -> dict[str, object]:
         """suffix -> a function prompt -> DecodeResult."""
         out = {"": lambda p: module.speculate(p, self.max_new_tokens)}
@@ -96,28 +111,37 @@ class SpeculativeDecodingEval(pl.Callback):
             # are still computed; decode on one device with `spec-drafters validate` or `generate`.
             rank_zero_warn("SpeculativeDecodingEval: skipped with more than one process (sharded drafter)")
             return
-        decoders = self._decoders(module)
+        decoders, samplings = self._decoders(module), self._samplings(module)
         prompts = [module.tokenizer.encode(text) for text in self.prompts.prompts()]
         for i, prompt in enumerate(prompts):  # all of them before decoding any
             check_fits(module.target, len(prompt), self.max_new_tokens, f"{type(self).__name__}: prompt {i}")
         per_decoder: dict[str, list[dict]] = {suffix: [] for suffix in decoders}
         rows = []
+        eos = module.card.eos_token_ids
         for i, prompt in enumerate(prompts):
-            plain = module.greedy(prompt, self.max_new_tokens)
+            plain = {GREEDY: module.greedy(prompt, self.max_new_tokens)}
+            for s in set(samplings.values()) - {GREEDY}:  # plain sampling, each sampled decoder's baseline
+                plain[s] = sample_generate(module.target, prompt, self.max_new_tokens, eos, s)
             row = {"prompt": i, "prompt_tokens": len(prompt)}
             if "_prompt_lookup" in decoders:  # which prompt lookup ran: older rows timed transformers'
                 row["prompt_lookup_impl"] = PROMPT_LOOKUP_IMPL
             for suffix, decode in decoders.items():
-                one = prompt_row(decode(prompt), plain)  # decode/summary.py: one rule for every caller
+                s = samplings[suffix]  # decode/summary.py: one rule for every caller
+                one = prompt_row(decode(prompt), plain[s], sampled=not s.greedy)
                 per_decoder[suffix].append(one)
-                row.update({k if k.startswith("greedy_") else f"{k}{suffix}": v for k, v in one.items()})
+                shared = s.greedy  # the greedy baseline's keys are shared by every greedy decoder
+                row.update(
+                    {k if shared and k.startswith("greedy_") else f"{k}{suffix}": v for k, v in one.items()}
+                )
             rows.append(row)
         self.last = {"decode/prompts": float(len(rows))}
         for suffix, decoded in per_decoder.items():
             summary = summarize(decoded)
-            self.last["decode/greedy_tokens_per_s"] = summary["greedy_tokens_per_s"]  # the same for all
+            if samplings[suffix].greedy:  # the same for every greedy decoder
+                self.last["decode/greedy_tokens_per_s"] = summary["greedy_tokens_per_s"]
             for key in ("tau", "tau_pooled", "tokens_per_s", "speedup", "lossless"):
-                self.last[f"decode/{key}{suffix}"] = summary[key]
+                if summary[key] is not None:  # a sampled decoder has no lossless
+                    self.last[f"decode/{key}{suffix}"] = summary[key]
         for key, value in self.last.items():
             module.log(key, value, rank_zero_only=True)
         log_dir = trainer.log_dir
@@ -128,7 +152,9 @@ class SpeculativeDecodingEval(pl.Callback):
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text("".join(json.dumps(r) + "\n" for r in rows))
             rank_zero_info(f"per-prompt decoding results: {path}")
-        broken = sorted({(s or "_verifier")[1:] for r in rows for s in decoders if not r[f"lossless{s}"]})
+        broken = sorted(
+            {(s or "_verifier")[1:] for r in rows for s in decoders if r[f"lossless{s}"] is False}
+        )
         if broken:
             # Greedy speculative decoding is lossless by construction; a mismatch means a bug or a
             # near-tie flipped by the different float summation order of a K-token verify forward.

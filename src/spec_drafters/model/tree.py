@@ -20,6 +20,9 @@ class DraftTree:
     parents: list[int]  # parent node index, -1 for children of the root
     depths: list[int]  # 1 for children of the root
     scores: list[float]  # sum of the drafter's log-probabilities along the path
+    # A chain whose tokens were drawn at temperature > 0: row k is the distribution draft k was drawn
+    # from, which the chain rule of decode/sampling.py needs. None for every other tree.
+    draft_probs: torch.Tensor | None = None
 
     @property
     def is_chain(self) -> bool:
