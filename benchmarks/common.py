@@ -22,6 +22,19 @@ def git_sha() -> str:
         return "unknown"
 
 
+def uncommitted() -> list[str]:
+    """Tracked code files (src/, benchmarks/*.py) that differ from the commit: a results line that lists
+    some was not measured on the commit its git_sha names."""
+    try:
+        out = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", "src", "benchmarks/*.py"],
+            capture_output=True, text=True, check=True, cwd=Path(__file__).resolve().parent.parent,
+        ).stdout  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return ["unknown"]
+    return sorted(line[3:] for line in out.splitlines() if line.strip())
+
+
 def timed(fn, repeats: int, warmup: int = 1, after_warmup=None) -> float:
     """Median seconds of ``fn()`` over ``repeats`` runs after ``warmup`` runs (then ``after_warmup()``)."""
     for _ in range(warmup):
@@ -54,6 +67,7 @@ def record(name: str, rows: list[dict], summary: dict, results: Path = RESULTS) 
     entry = {
         "benchmark": name,
         "git_sha": git_sha(),
+        **({"uncommitted": changed} if (changed := uncommitted()) else {}),
         "torch": torch.__version__,
         "versions": versions(),
         "machine": platform.machine(),

@@ -231,8 +231,8 @@ def test_generate_cli_on_the_tiny_hybrid_is_lossless(tmp_path, capsys):
 
 
 def test_validate_with_decoding_on_the_tiny_hybrid(tmp_path):
-    """``validate`` with the decoding callback on the hybrid target: every greedy decoder lossless, and
-    a sampled DDTree reported against plain sampling (no lossless for it)."""
+    """``validate`` with the decoding callback on the hybrid target: every greedy decoder lossless, a
+    sampled DDTree reported against plain sampling (no lossless for it), a sampling chain's offline tau."""
     from spec_drafters.cli.main import main
 
     main(
@@ -245,10 +245,12 @@ def test_validate_with_decoding_on_the_tiny_hybrid(tmp_path):
          "[{class_path: DDTree, init_args: {budget: 8}},"
          " {class_path: DDTree, init_args: {budget: 8, temperature: 0.8}}]",
          "--trainer.callbacks.prompt_lookup_tokens", "3",
-         "--trainer.callbacks.output", str(tmp_path / "d.jsonl")]
+         "--trainer.callbacks.output", str(tmp_path / "d.jsonl"),
+         "--model.eval_verifiers", "[{class_path: GreedyChain, init_args: {temperature: 0.7}}]"]
     )  # fmt: skip
     metrics = json.loads((tmp_path / "r.json").read_text())["metrics"]
     assert metrics["decode/prompts"] == 2
+    assert 1 <= metrics["val/tau_greedy_chain_t0.7"] <= 4  # the offline sampled tau (block size 4)
     for suffix in ("", "_ddtree_b8", "_prompt_lookup"):
         assert metrics[f"decode/lossless{suffix}"] == 1.0, suffix
     assert "decode/lossless_ddtree_b8_t0.8" not in metrics and metrics["decode/tau_ddtree_b8_t0.8"] >= 1
@@ -312,3 +314,25 @@ def test_lint_decoding_unsupported_is_an_error_when_the_config_decodes(tmp_path,
     decodes.write_text("trainer:\n  callbacks:\n    - class_path: SpeculativeDecodingEval\n")
     (found,) = [f for f in lint_config([*tiny, "--config", str(decodes)]) if f.code == "decoding-unsupported"]
     assert found.severity == "error" and "SpeculativeDecodingEval" in found.message
+
+
+@pytest.mark.parametrize("path", [[0], [0, 1, 2], [0, 2, 5], [0, 3, 4, 7]])
+def test_keep_layer_moves_only_the_path(path):
+    """The KV after a round against the plain rule (keep 0..start-1 and the path's entries, gathered);
+    a chain prefix is a slice of the same storage (nothing copied)."""
+    from transformers.cache_utils import DynamicLayer
+
+    from spec_drafters.target.frozen import keep_layer
+
+    start, verified = 5, 8
+    keys = torch.randn(1, 2, start + verified, 4)
+    values = torch.randn(1, 2, start + verified, 4)
+    layer = DynamicLayer()
+    layer.lazy_initialization(keys, values)
+    layer.keys, layer.values = keys.clone(), values.clone()
+    keep = torch.cat([torch.arange(start), start + torch.tensor(path)])
+    storage = layer.keys.data_ptr()
+    keep_layer(layer, start, path)
+    assert torch.equal(layer.keys, keys.index_select(-2, keep))
+    assert torch.equal(layer.values, values.index_select(-2, keep))
+    assert layer.get_seq_length() == start + len(path) and layer.keys.data_ptr() == storage

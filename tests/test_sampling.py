@@ -278,3 +278,107 @@ def test_greedy_default_is_unchanged():
     assert GreedyChain(temperature=0.7, top_p=0.9).label() == "greedy_chain_t0.7_p0.9"
     logits = torch.randn(3, 11)
     assert GreedyChain().propose(logits, torch.Generator()).tokens == logits.argmax(-1).tolist()
+
+
+# --- the offline analogue of tau (docs/sampling.md, "Offline metrics") ---------------------------
+
+
+@pytest.mark.parametrize("draft_vocab", [False, True])
+def test_offline_chain_reach_is_the_real_rules_frequency(draft_vocab):
+    """chain_reach(chain_acceptance(p, q)) against the rule itself (``chain_accept``) drawing drafts from
+    q, many times, with each slot's target distribution fixed (teacher-forced); over a draft
+    vocabulary q is 0 outside it and p is restricted, not renormalised."""
+    gen = torch.Generator().manual_seed(3)
+    vocab, depth, trials = 7, 3, 20000
+    settings = Sampling(temperature=0.9, top_p=0.8)
+    p = settings.probs(torch.randn(depth, vocab, generator=gen, dtype=torch.float64) * 2)
+    ids = torch.tensor([0, 2, 3, 5]) if draft_vocab else torch.arange(vocab)
+    q_d = settings.probs(torch.randn(depth, len(ids), generator=gen, dtype=torch.float64) * 2)
+    q = torch.zeros(depth, vocab, dtype=torch.float64).index_copy_(1, ids, q_d)  # q in target ids
+    want = sampling.chain_reach(sampling.chain_acceptance(p[:, ids], q_d))  # (D,)
+    rng = torch.Generator().manual_seed(4)
+    hits = torch.zeros(depth, dtype=torch.float64)
+    for _ in range(trials):
+        drafts = torch.multinomial(q, 1, generator=rng)[:, 0].tolist()
+        accepted, _ = sampling.chain_accept(drafts, q, lambda k: p[min(k, depth - 1)], rng)
+        hits[:accepted] += 1
+    got = hits / trials
+    assert torch.allclose(got, want, atol=4 * 0.5 / trials**0.5), (got, want)  # 4 standard errors
+    assert not torch.allclose(want, torch.ones(depth, dtype=torch.float64))  # not a trivial case
+
+
+def test_offline_sampled_tau_at_low_temperature_is_greedy_tau():
+    """Near temperature 0 each alpha is 1 where the drafter's argmax is the target's and 0 elsewhere:
+    the sampled chain's offline tau and curve equal the greedy chain's, block by block; at 0.8 they
+    differ and stay within [1, K]."""
+    from spec_drafters.lightning.metrics import OfflineAcceptance
+
+    gen = torch.Generator().manual_seed(0)
+    blocks, k, vocab = 40, 5, 11
+    target = torch.randn(blocks, k - 1, vocab, generator=gen, dtype=torch.float64) * 3
+    labels = target.argmax(-1)
+    draft = torch.randn(blocks, k - 1, vocab, generator=gen, dtype=torch.float64) * 3
+    right = torch.rand(blocks, k - 1, generator=gen) < 0.7  # the drafter agrees on 70% of slots
+    draft[right] = target[right] * 2
+    anchor_ok = torch.ones(4, blocks // 4, dtype=torch.bool)
+    cold, warm = GreedyChain(temperature=1e-6), GreedyChain(temperature=0.8)
+    metrics = OfflineAcceptance.for_verifiers(k, GreedyChain(), [cold, warm])
+    assert metrics.needs_distribution
+    metrics.update(draft, labels, anchor_ok, lambda sel: target[sel])
+    out, curves, _ = metrics.compute()
+    assert 1.5 < out["tau"] < k - 0.5  # some blocks accept, some do not
+    assert out["tau_greedy_chain_t1e-06"] == pytest.approx(out["tau"], abs=1e-6)
+    assert curves["greedy_chain_t1e-06"] == pytest.approx(curves["chain"], abs=1e-6)
+    assert out["tau_greedy_chain_t0.8"] != pytest.approx(out["tau"], abs=1e-3)
+    assert 1 <= out["tau_greedy_chain_t0.8"] <= k
+
+
+def test_validation_reads_the_target_distribution_at_the_labelled_slots():
+    """The module's sampled tau reads the target's logits at exactly the slots the labels come from:
+    their argmax is the label wherever the label is the target's output."""
+    from spec_drafters.data.records import TextRecords, collate
+    from spec_drafters.lightning.module import DFlashModule
+    from spec_drafters.model.drafter import DrafterConfig
+    from spec_drafters.target.injection import AllButLast
+    from spec_drafters.target.loaders import TinyRandom
+
+    torch.manual_seed(0)
+    module = DFlashModule(
+        target=TinyRandom(num_layers=6), drafter=DrafterConfig(num_layers=1, block_size=4),
+        injection=AllButLast(num_taps=3), val_anchors=8,
+        eval_verifiers=[GreedyChain(temperature=0.7, top_p=0.9)],
+    )  # fmt: skip
+    _, val = TextRecords(path="tests/data/tiny.jsonl", max_length=64).examples(module.tokenizer)
+    with torch.no_grad():
+        _, per_block, labels, anchor_ok, target_logits = module.held_out_blocks(collate(val[:2]), 0)
+        assert target_logits is not None and per_block.shape[0] == int(anchor_ok.sum()) > 2
+        logits = torch.cat([target_logits(slice(i, i + 2)) for i in range(0, per_block.shape[0], 2)])
+        assert torch.equal(logits.argmax(-1), labels)
+        module.offline.update(per_block, labels, anchor_ok, target_logits)
+    out, _, _ = module.offline.compute()
+    assert 1 <= out["tau_greedy_chain_t0.7_p0.9"] <= 4
+
+
+def test_offline_sampled_tau_refusals():
+    from spec_drafters.errors import ArgumentError
+    from spec_drafters.lightning.module import DFlashModule
+    from spec_drafters.model.drafter import DrafterConfig
+    from spec_drafters.target.injection import AllButLast
+    from spec_drafters.target.labels import DatasetTokens
+    from spec_drafters.target.loaders import TinyRandom
+
+    common = dict(
+        target=TinyRandom(num_layers=6), drafter=DrafterConfig(num_layers=1, block_size=4),
+        injection=AllButLast(num_taps=3),
+    )  # fmt: skip
+    with pytest.raises(ArgumentError, match=r"ddtree_b8_t0\.7 samples.*no offline tau") as bad:
+        DFlashModule(**common, eval_verifiers=[DDTree(8, temperature=0.7)])
+    assert bad.value.argument == "eval_verifiers"
+    with pytest.raises(ArgumentError, match="dataset_tokens does not have") as bad:
+        DFlashModule(
+            **common, val_target_source=DatasetTokens(), eval_verifiers=[GreedyChain(temperature=0.7)]
+        )
+    assert bad.value.argument == "val_target_source"
+    # A configured sampling tree is measured greedy, under its name only.
+    module = DFlashModule(**common, verifier=DDTree(8, temperature=0.7))
+    assert "ddtree" in module.offline.verifiers and not module.offline.needs_distribution

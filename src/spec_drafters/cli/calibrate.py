@@ -50,7 +50,8 @@ def held_out(module, data) -> tuple[torch.Tensor, torch.Tensor]:
         ) from None
     logits, labels = [], []
     for i in range(0, len(val), data.val_batch_size):
-        _, per_block, block_labels, _ = module.held_out_blocks(collate(val[i : i + data.val_batch_size]), i)
+        batch = collate(val[i : i + data.val_batch_size])
+        _, per_block, block_labels, _, _ = module.held_out_blocks(batch, i)
         logits.append(per_block.float())
         labels.append(block_labels)
     return torch.cat(logits), torch.cat(labels)

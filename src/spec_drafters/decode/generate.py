@@ -48,7 +48,7 @@ from spec_drafters.model.drafter import ContextCache, DFlashDrafter
 from spec_drafters.model.kernels import packed_linears as _packed
 from spec_drafters.model.tree import DraftTree
 from spec_drafters.target.features import fc_input
-from spec_drafters.target.frozen import FrozenTarget, crop_cache
+from spec_drafters.target.frozen import FrozenTarget, crop_cache, keep_layer
 from spec_drafters.train.anchors import build_blocks
 
 
@@ -453,6 +453,4 @@ def keep_cache(cache, start: int, path: list[int]) -> None:
                 f"tree verification compacts a plain attention KV cache; this target's cache has "
                 f"{type(layer).__name__} layers (recurrent or sliding-window state cannot branch)"
             )
-        keep = torch.cat([torch.arange(start), start + torch.tensor(path)]).to(layer.keys.device)
-        layer.keys = layer.keys.index_select(-2, keep)
-        layer.values = layer.values.index_select(-2, keep)
+        keep_layer(layer, start, path)

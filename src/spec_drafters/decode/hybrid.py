@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from spec_drafters.errors import InputError
+from spec_drafters.target.frozen import keep_layer
 
 # The Gated-DeltaNet modules whose forward tree_forward replaces (same attributes, same maths).
 SUPPORTED = ("Qwen3_5GatedDeltaNet", "Qwen3_5MoeGatedDeltaNet")
@@ -219,9 +220,5 @@ def commit(cache, record: TreeRecord, start: int, path: list[int]) -> None:
             layer.conv_states[0].copy_(window)  # in place: the cache keeps its tensors' addresses
             layer.recurrent_states[0].copy_(state_at(path[-1], layer.recurrent_states[0][0], rule)[None])
             layer.cumulative_length_linear.add_(len(path))
-        elif path == list(range(len(path))):  # a chain prefix: cropping is enough, no copy of the KV
-            layer.crop(start + len(path) - layer.keys.shape[-2])  # negative: the tokens to remove
         else:
-            keep = torch.cat([torch.arange(start), start + torch.tensor(path)]).to(layer.keys.device)
-            layer.keys = layer.keys.index_select(-2, keep)
-            layer.values = layer.values.index_select(-2, keep)
+            keep_layer(layer, start, path)

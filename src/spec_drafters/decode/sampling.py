@@ -125,3 +125,18 @@ def tree_accept(
             return path, x
         path.append(nxt)
         node = nxt
+
+
+def chain_acceptance(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """The chance the chain rule accepts a draft drawn from ``q`` where the target's distribution is
+    ``p``: sum_x min(p(x), q(x)) over the last dimension (Leviathan et al., arXiv:2211.17192, section
+    3.3, their beta). ``q`` may cover fewer tokens than ``p`` (a draft vocabulary): give ``p``
+    restricted to the same ids, not renormalised (q is 0 elsewhere)."""
+    return torch.minimum(p, q).sum(-1)
+
+
+def chain_reach(alpha: torch.Tensor) -> torch.Tensor:
+    """Per-slot acceptance chances (..., D) -> (..., D): the chance the chain accepts at least d drafts,
+    prod_{j <= d} alpha_j, when each slot's draft is drawn on its own (a block drafter's slots are) and
+    each slot's target distribution is fixed (teacher-forced). Its sum is the expected accepted drafts."""
+    return alpha.cumprod(-1)

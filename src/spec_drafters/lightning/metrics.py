@@ -7,6 +7,8 @@ means (what z-lab and the DDTree paper report) and the pooled mean over all bloc
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 from torchmetrics import Metric
@@ -63,21 +65,28 @@ class AcceptanceLength(Metric):
 
 
 class AcceptanceCurve(Metric):
-    """Per-depth acceptance: the fraction of blocks whose accepted drafts reach depth d, d = 1..D."""
+    """Per-depth acceptance: the fraction of blocks whose accepted drafts reach depth d, d = 1..D (at
+    temperature > 0 the mean chance of reaching it)."""
 
     full_state_update = False
 
     def __init__(self, max_depth: int):
         super().__init__()
-        self.add_state("counts", torch.zeros(max_depth + 1, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("reach", torch.zeros(max_depth, dtype=torch.float64), dist_reduce_fx="sum")
+        self.add_state("blocks", torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
 
-    def update(self, accepted: torch.Tensor) -> None:
-        """accepted: (A,) accepted drafts per block, 0..D."""
-        self.counts += torch.bincount(accepted.long(), minlength=self.counts.numel()).double()
+    def update(self, reach: torch.Tensor) -> None:
+        """reach: (A, D) per block, 1/0 (or the chance) that its accepted drafts reach depth d."""
+        self.reach += reach.double().sum(0)
+        self.blocks += reach.shape[0]
 
     def compute(self) -> torch.Tensor:
-        reach = self.counts.flip(0).cumsum(0).flip(0)  # reach[d] = blocks with accepted >= d
-        return reach[1:] / self.counts.sum().clamp(min=1)  # (D,)
+        return self.reach / self.blocks.clamp(min=1)  # (D,)
+
+
+def reach_of(accepted: torch.Tensor, depth: int) -> torch.Tensor:
+    """Accepted drafts per block (A,) -> (A, D) 1.0 where they reach depth d = 1..D."""
+    return (accepted[:, None] >= torch.arange(1, depth + 1, device=accepted.device)).double()
 
 
 class Calibration(Metric):
@@ -123,41 +132,73 @@ class OfflineAcceptance(nn.Module):
     def __init__(self, block_size: int, verifiers: dict[str, Verifier]):
         super().__init__()
         self.verifiers = verifiers  # label -> verifier; "chain" is the greedy chain, logged unsuffixed
-        depth = block_size - 1
+        self.depth = depth = block_size - 1
         self.acc = SlotAccuracy(block_size)
-        self.tau = nn.ModuleDict({k: AcceptanceLength() for k in verifiers})
-        self.curve = nn.ModuleDict({k: AcceptanceCurve(depth) for k in verifiers})
+        # Lists in the order of ``verifiers`` (a label may hold a '.', which a ModuleDict key may not).
+        self.tau = nn.ModuleList([AcceptanceLength() for _ in verifiers])
+        self.curve = nn.ModuleList([AcceptanceCurve(depth) for _ in verifiers])
         self.calibration = Calibration(depth, ranks=4)
+
+    @property
+    def needs_distribution(self) -> bool:
+        """Whether a verifier samples: its offline tau reads the target's distribution at each slot."""
+        return any(not v.sampling.greedy for v in self.verifiers.values())
 
     @classmethod
     def for_verifiers(cls, block_size: int, verifier: Verifier, extra: list[Verifier] | None):
         """The greedy chain always (val/tau), the configured verifier (val/tau_<name>) and the extra
-        ones (val/tau_<name>_b<budget>)."""
+        ones (val/tau_<name>_b<budget>). A sampling chain is measured at its temperature
+        (val/tau_greedy_chain_t0.7: the expected accepted length, docs/sampling.md); a sampling tree
+        has no offline tau: as the configured verifier it is measured greedy, under its name only,
+        and as an extra one it is refused."""
         from spec_drafters.decode.verifiers import GreedyChain
         from spec_drafters.registry import name_of
 
         verifiers: dict[str, Verifier] = {"chain": GreedyChain()}
         if isinstance(verifier, GreedyChain):  # (the default is a lazy subclass instance)
-            if getattr(verifier, "max_depth", None) is not None:  # a cut chain, beside the full one
-                verifiers[verifier.label()] = verifier
-        else:  # the configured one by name: val/tau_ddtree
+            if getattr(verifier, "max_depth", None) is not None or not verifier.sampling.greedy:
+                verifiers[verifier.label()] = verifier  # a cut or a sampling chain, beside the full one
+        elif verifier.sampling.greedy:  # the configured one by name: val/tau_ddtree
             verifiers[name_of(verifier)] = verifier
+        else:
+            verifiers[name_of(verifier)] = _greedy_twin(verifier)
         for v in extra or []:
+            if not v.sampling.greedy and not isinstance(v, GreedyChain):
+                raise ValueError(
+                    f"{v.label()} samples, and a sampling tree has no offline tau "
+                    "(only a chain's is defined, docs/sampling.md); measure it with real decoding "
+                    "(the SpeculativeDecodingEval callback) or give it temperature 0"
+                )
             label = v.label()
             verifiers[f"{label}_{len(verifiers)}" if label in verifiers else label] = v
         return cls(block_size, verifiers)
 
-    def update(self, per_block: torch.Tensor, labels: torch.Tensor, anchor_ok: torch.Tensor) -> None:
+    def update(
+        self,
+        per_block: torch.Tensor,
+        labels: torch.Tensor,
+        anchor_ok: torch.Tensor,
+        target_logits: Callable[[slice], torch.Tensor] | None = None,
+        draft_ids: torch.Tensor | None = None,
+    ) -> None:
         """per_block (A, K-1, V) drafter logits of the A valid anchors (full blocks, in order of
-        ``anchor_ok`` (b, N)), labels (A, K-1)."""
+        ``anchor_ok`` (b, N)), labels (A, K-1). For a sampling chain: ``target_logits(blocks)`` the
+        target's logits (a, K-1, V_target) of a slice of the A blocks, and the draft vocabulary's
+        target ids when the drafter has one."""
         everywhere = torch.ones_like(labels, dtype=torch.bool)
         self.acc.update(per_block.argmax(-1) == labels, everywhere)
-        for label, verifier in self.verifiers.items():
-            accepted = verifier.offline_accepted(per_block, labels, everywhere)  # (A,)
-            per_anchor = torch.zeros(anchor_ok.shape, dtype=torch.long, device=labels.device)
-            per_anchor[anchor_ok] = accepted
-            self.tau[label].update(per_anchor, anchor_ok)
-            self.curve[label].update(accepted)
+        for i, (label, verifier) in enumerate(self.verifiers.items()):
+            if verifier.sampling.greedy:
+                accepted = verifier.offline_accepted(per_block, labels, everywhere)  # (A,)
+                reach = reach_of(accepted, self.depth)
+            else:
+                if target_logits is None:
+                    raise ValueError(f"{label}: a sampling chain's offline tau needs the target's logits")
+                reach = sampled_chain_reach(verifier, per_block, target_logits, draft_ids)
+            per_anchor = torch.zeros(anchor_ok.shape, dtype=torch.float64, device=labels.device)
+            per_anchor[anchor_ok] = reach.sum(1).to(per_anchor.device)
+            self.tau[i].update(per_anchor, anchor_ok)
+            self.curve[i].update(reach)
         self.calibration.update(per_block, labels)
 
     def compute(self) -> tuple[dict[str, float], dict[str, list[float]], dict]:
@@ -166,10 +207,10 @@ class OfflineAcceptance(nn.Module):
         metrics = {f"acc_slot{i}": a for i, a in enumerate(acc, start=1)}
         metrics["acc"] = sum(acc) / len(acc)
         curves = {}
-        for label in self.verifiers:
+        for i, label in enumerate(self.verifiers):
             suffix = "" if label == "chain" else f"_{label}"
-            metrics.update({f"{k}{suffix}": v.item() for k, v in self.tau[label].compute().items()})
-            curves[label] = self.curve[label].compute().tolist()
+            metrics.update({f"{k}{suffix}": v.item() for k, v in self.tau[i].compute().items()})
+            curves[label] = self.curve[i].compute().tolist()
             metrics.update({f"accept_ge{d}{suffix}": f for d, f in enumerate(curves[label], start=1)})
         cal = self.calibration.compute()
         metrics["calibration_ece"] = cal["ece"].item()
@@ -180,6 +221,42 @@ class OfflineAcceptance(nn.Module):
             "empirical": cal["empirical"].tolist(),
             "ece": cal["ece"].item(),
         }
-        for metric in (self.acc, *self.tau.values(), *self.curve.values(), self.calibration):
+        for metric in (self.acc, *self.tau, *self.curve, self.calibration):
             metric.reset()
         return metrics, curves, table
+
+
+def _greedy_twin(verifier: Verifier) -> Verifier:
+    """The same verifier at temperature 0 (a sampling tree's offline stand-in)."""
+    import copy
+
+    from spec_drafters.decode.sampling import GREEDY
+
+    twin = copy.copy(verifier)
+    twin.sampling = GREEDY
+    return twin
+
+
+def sampled_chain_reach(
+    chain: Verifier,
+    per_block: torch.Tensor,
+    target_logits: Callable[[slice], torch.Tensor],
+    draft_ids: torch.Tensor | None,
+    blocks_at_once: int = 16,
+) -> torch.Tensor:
+    """(A, K-1) the chance a sampling chain's accepted drafts reach each depth, teacher-forced: each
+    slot's draft drawn from the drafter's distribution at the chain's temperature and top_p, accepted
+    with chance sum_x min(p, q) against the target's distribution there (decode/sampling.py)."""
+    from spec_drafters.decode.sampling import chain_acceptance, chain_reach
+
+    sampling, depth = chain.sampling, per_block.shape[1]
+    cut = getattr(chain, "max_depth", None) or depth
+    out = torch.zeros(per_block.shape[:2], dtype=torch.float64, device=per_block.device)
+    for start in range(0, per_block.shape[0], blocks_at_once):
+        sel = slice(start, start + blocks_at_once)
+        p = sampling.probs(target_logits(sel)[:, :cut])  # (a, cut, V): top_p over the whole vocabulary
+        if draft_ids is not None:
+            p = p.index_select(-1, draft_ids.to(p.device))
+        q = sampling.probs(per_block[sel, :cut])
+        out[sel, :cut] = chain_reach(chain_acceptance(p, q.to(p.device)))
+    return out

@@ -150,7 +150,14 @@ class DFlashModule(pl.LightningModule):
         self.steps = StepBuilder(self.target, self.drafter, self.fc_ids, noise, mask, loss.needs_distribution)
         self.val_sampler = UniformAnchors(max_anchors=val_anchors, require_full_block=True)
         k = self.drafter.config.block_size
-        self.offline = OfflineAcceptance.for_verifiers(k, verifier, eval_verifiers)
+        with argument("eval_verifiers"):
+            self.offline = OfflineAcceptance.for_verifiers(k, verifier, eval_verifiers)
+        if self.offline.needs_distribution and not self.val_target_source.has_distribution:
+            raise ArgumentError(
+                "val_target_source",
+                f"a sampling chain's offline tau needs the target's distribution, which "
+                f"{name_of(self.val_target_source)} does not have (use a logit-based label source)",
+            )
         self.calibration: dict = {}  # the last validation's table, for --results and calibration.json
         # The frozen target is not in checkpoints; on_load_checkpoint checks the drafter.
         self.strict_loading = False
@@ -229,8 +236,8 @@ class DFlashModule(pl.LightningModule):
 
     # --- validation (teacher-forced) --------------------------------------------------------------
     def validation_step(self, batch, batch_idx):
-        parts, per_block, labels, anchor_ok = self.held_out_blocks(batch, batch_idx)
-        self.offline.update(per_block, labels, anchor_ok)
+        parts, per_block, labels, anchor_ok, target_logits = self.held_out_blocks(batch, batch_idx)
+        self.offline.update(per_block, labels, anchor_ok, target_logits, self.drafter.draft_ids)
         b = batch["input_ids"].shape[0]
         self.log("val/loss", parts["loss"], prog_bar=True, batch_size=b)
         for key, value in parts.items():
@@ -239,8 +246,9 @@ class DFlashModule(pl.LightningModule):
 
     def held_out_blocks(self, batch, batch_idx: int):
         """Validation's blocks of a batch: (loss parts, drafter logits (A, K-1, V) of the A valid
-        anchors, their labels (A, K-1), anchor_ok (b, N)). Full blocks only; labels outside a draft
-        vocabulary (-1) count as misses: the drafter cannot propose them."""
+        anchors, their labels (A, K-1), anchor_ok (b, N), the target's logits by block when a verifier
+        samples, else None). Full blocks only; labels outside a draft vocabulary (-1) count as misses:
+        the drafter cannot propose them."""
         seed = self._step_seed(10**9 + batch_idx)
         inp = self.steps(
             batch, self.val_sampler, self.val_target_source, seed, self._rows(batch), noisy=False
@@ -254,7 +262,10 @@ class DFlashModule(pl.LightningModule):
             sb.logits if torch.equal(ok, inp.supervised) else self.steps.draft_logits(hidden[ok])
         )  # (M, V)
         per_block = logits.view(-1, k - 1, logits.shape[-1])  # the valid anchors in order
-        return parts, per_block, inp.labels[ok].view(-1, k - 1), inp.anchor_ok
+        target_logits = None
+        if self.offline.needs_distribution:  # a sampling chain's tau reads the target's distribution
+            target_logits = self.steps.block_target_logits(inp, self.val_target_source)
+        return parts, per_block, inp.labels[ok].view(-1, k - 1), inp.anchor_ok, target_logits
 
     def on_validation_epoch_end(self) -> None:
         metrics, curves, self.calibration = self.offline.compute()

@@ -131,3 +131,16 @@ def crop_cache(cache: object, length: int) -> None:
         raise ValueError(f"cannot crop a cache of {cache.get_seq_length()} positions to {length}")
     if excess:
         cache.crop(-excess)  # negative = "remove this many"; valid in transformers 4.x and 5.x
+
+
+def keep_layer(layer, start: int, path: list[int]) -> None:
+    """One attention layer's KV: positions 0..start-1, then the path's entries (indices from ``start``).
+    Only the path's |path| entries move (next to the committed ones); the rest is cut off, so a round
+    copies what it keeps of the tree, never the whole context."""
+    n = len(path)
+    if path != list(range(n)):  # a chain prefix is already in place
+        src = start + torch.tensor(path, device=layer.keys.device)
+        layer.keys[..., start : start + n, :] = layer.keys.index_select(-2, src)
+        layer.values[..., start : start + n, :] = layer.values.index_select(-2, src)
+    layer.keys = layer.keys[..., : start + n, :]
+    layer.values = layer.values[..., : start + n, :]

@@ -43,6 +43,7 @@ class StepInputs:
     scored: torch.Tensor  # (b, N, K) bool: labelled slots, drafted or not (validation counts misses)
     teacher: Callable[[slice], torch.Tensor] | None  # rows of the M -> (C, V) target logits (soft losses)
     masks: list  # per drafter layer: a BlockLayout, or a dense (b, 1, Q, S + Q) from a plugin mask
+    label_hidden: torch.Tensor | None = None  # (b, S, H) the label source's predictor hidden state
 
 
 class StepBuilder:
@@ -89,7 +90,7 @@ class StepBuilder:
         masks = self.masks(anchors, anchor_ok, ids.shape[1])
         return StepInputs(
             features, feats.clean, anchors, anchor_ok, block_ids, block_pos, slot_labels, supervised,
-            scored, teacher, masks,
+            scored, teacher, masks, feats.hidden,
         )  # fmt: skip
 
     def features(self, batch: dict[str, torch.Tensor], source: TargetSource) -> TargetFeatures:
@@ -128,6 +129,24 @@ class StepBuilder:
             out = source.logits_from(target, hidden, b_idx[sel], positions[sel])  # (C, V)
             # Over a draft vocabulary: the target's distribution restricted to it (the loss renormalises).
             return out if draft_ids is None else out.index_select(-1, draft_ids.to(out.device))
+
+        return logits
+
+    def block_target_logits(self, inp: StepInputs, source: TargetSource) -> Callable[[slice], torch.Tensor]:
+        """The target's logits over its whole vocabulary at the scored slots, by block: a slice of the
+        valid anchors (in ``anchor_ok`` order) -> (a, K-1, V). Validation's sampled tau reads them."""
+        if inp.label_hidden is None:
+            raise ValueError(f"label source {type(source).__name__} gives no target distribution")
+        b_idx, anchor_idx, slot = inp.scored.nonzero(as_tuple=True)  # (A*(K-1),) each, block by block
+        positions = inp.anchors[b_idx, anchor_idx] + slot
+        per_block = self.drafter.config.block_size - 1
+        target, hidden = self.target, inp.label_hidden
+
+        @torch.no_grad()
+        def logits(sel: slice) -> torch.Tensor:
+            rows = slice(sel.start * per_block, sel.stop * per_block)
+            out = source.logits_from(target, hidden, b_idx[rows], positions[rows])  # (a*(K-1), V)
+            return out.view(-1, per_block, out.shape[-1])
 
         return logits
 
