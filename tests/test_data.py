@@ -22,7 +22,7 @@ def test_malformed_line_is_named(tmp_path):
 def test_record_without_text_is_named(tmp_path):
     p = tmp_path / "bad.jsonl"
     p.write_text('{"prompt": "only a prompt"}\n')
-    with pytest.raises(ValueError, match=r"bad.jsonl:1: a record needs 'text' or both"):
+    with pytest.raises(ValueError, match=r"bad.jsonl:1: a record needs 'text', both 'prompt' and 'resp"):
         read_jsonl(p)
 
 

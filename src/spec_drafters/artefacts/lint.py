@@ -36,6 +36,8 @@ CODES = {
     "tap-ids-plus-one": "warning",
     "causal-block-on-full": "warning",
     "decoding-unsupported": "warning",
+    "special-token-in-text": "error",
+    "special-token-in-chat": "warning",
 }
 
 
@@ -287,6 +289,43 @@ def text_sample(data_path: str | Path | None, limit: int = 200) -> list[str] | N
 
     records = [r for _, r in read_jsonl(data_path)][:limit]
     return [r.get("text") or (r.get("prompt", "") + r.get("response", "")) for r in records]
+
+
+def special_tokens(data_path: str | Path | None, tokenizer, n: int = 3) -> list[Finding]:
+    """Special-token strings in a data file's records: in plain text (``text``, ``prompt``,
+    ``response``) an error, since that text is encoded with special tokens split (data/records.py) and
+    the markup someone pasted in becomes ordinary pieces the served model never sees; in a
+    conversation's turns a warning, since the chat path parses them into control tokens, as the engine
+    would. Each finding names the file, the first lines and the token."""
+    specials = [t for t in getattr(tokenizer, "special_strings", list)() if t]
+    if not data_path or not Path(data_path).is_file() or not specials:
+        return []
+    from spec_drafters.data.chat import texts
+    from spec_drafters.data.records import TEXT_FIELDS, read_jsonl
+
+    hits: dict[str, list[str]] = {"special-token-in-text": [], "special-token-in-chat": []}
+    for lineno, rec in read_jsonl(data_path):
+        if "messages" in rec or "conversations" in rec:
+            code, fields = "special-token-in-chat", texts(rec)
+        elif "input_ids" in rec:
+            continue  # ids are exact: nothing is parsed
+        else:
+            code = "special-token-in-text"
+            fields = [rec[k] for k in TEXT_FIELDS if isinstance(rec.get(k), str)]
+        places = [(f.find(t), t) for f in fields for t in specials if t in f]
+        found = min(places)[1] if places else None  # the first in the text
+        if found is not None:
+            hits[code].append(f"{data_path}:{lineno} ({found})")
+    why = {
+        "special-token-in-text": "- plain text encodes them as ordinary pieces, never the special ids the "
+        "served model sees: give these records as 'messages' (the chat template adds the markup)",
+        "special-token-in-chat": "- message text becomes control tokens when rendered, as in the engine",
+    }
+    return [
+        finding(code, f"{len(at)} record(s) hold special-token strings, e.g.", ", ".join(at[:n]), why[code])
+        for code, at in hits.items()
+        if at
+    ]
 
 
 def _decoding(module) -> list[Finding]:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from spec_drafters.artefacts.diff import Row, diff_choices, file_choices, format_diff, module_choices
 from spec_drafters.artefacts.inspect import format_inspect, inspect_drafter, inspect_module
-from spec_drafters.artefacts.lint import Finding, allow, lint_module, text_sample
+from spec_drafters.artefacts.lint import Finding, allow, lint_module, special_tokens, text_sample
 from spec_drafters.cli.checks import config_paths, out_folder, read_config
 from spec_drafters.cli.lightning_cli import is_config, load_module, meta_target_args, module_from_config
 from spec_drafters.errors import ArgumentError, InputError
@@ -176,8 +176,23 @@ def lint_config(argv: list[str]) -> list[Finding]:
     for p in paths:
         data = read_config(p).get("data")
         data_path = data.get("path", data_path) if isinstance(data, dict) else data_path
+    data_path = flag_value(argv, "--data.path") or data_path
     sample = text_sample(data_path) if module.tokenizer is not None else None
-    return allow(paths, decoding_is_an_error(paths, lint_module(module, sample)))
+    findings = lint_module(module, sample)
+    if module.tokenizer is not None:
+        findings += special_tokens(data_path, module.tokenizer)
+    return allow(paths, decoding_is_an_error(paths, findings))
+
+
+def flag_value(argv: list[str], flag: str) -> str | None:
+    """The last value given to ``flag`` (``--flag V`` or ``--flag=V``), or None."""
+    value = None
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value
 
 
 def decoding_is_an_error(paths: list[str], findings: list[Finding]) -> list[Finding]:

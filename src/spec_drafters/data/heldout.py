@@ -29,6 +29,8 @@ from __future__ import annotations
 import hashlib
 import re
 
+from spec_drafters.data.chat import texts
+
 #: Shorter supervised texts ("pass", "return None") are too common to mean a copied record.
 MIN_SUPERVISED = 32
 
@@ -49,13 +51,25 @@ def content_keys(rec: dict) -> list[str]:
     """The keys a record shares with its duplicates: its normalised prompt, and its normalised
     supervised text when that is long enough to mean a copy."""
     keys = []
-    prompt = normalise(rec.get("prompt", ""))
+    prompt_text, supervised_text = record_texts(rec)
+    prompt = normalise(prompt_text)
     if prompt:
         keys.append(_digest("p:", prompt))
-    supervised = normalise(rec["text"] if "text" in rec else rec.get("response", ""))
+    supervised = normalise(supervised_text)
     if len(supervised) >= MIN_SUPERVISED:
         keys.append(_digest("s:", supervised))
     return keys
+
+
+def record_texts(rec: dict) -> tuple[str, str]:
+    """(prompt, supervised text) of any record kind (data/records.py); a token-exact record's ids,
+    written out, stand for its texts."""
+    if "messages" in rec or "conversations" in rec:
+        return texts(rec)
+    if "input_ids" in rec and isinstance(rec["input_ids"], list) and isinstance(rec.get("loss_mask"), list):
+        pairs = list(zip(rec["input_ids"], rec["loss_mask"], strict=False))
+        return (" ".join(str(i) for i, m in pairs if not m), " ".join(str(i) for i, m in pairs if m))
+    return rec.get("prompt", ""), rec["text"] if "text" in rec else rec.get("response", "")
 
 
 def groups(records: list[dict]) -> list[int]:

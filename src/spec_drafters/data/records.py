@@ -1,7 +1,15 @@
 """Training and validation text: JSONL records tokenized by the target's tokenizer.
 
-A record is ``{"prompt": ..., "response": ...}`` (only the response is supervised) or ``{"text": ...}``
-(all of it is supervised). With one file, each record's ``"split"`` field ("train" or "val") decides
+A record is one of:
+
+- ``{"prompt": ..., "response": ...}`` (only the response is supervised) or ``{"text": ...}`` (all of it
+  is supervised): plain text, encoded so that no text can produce a special token;
+- a conversation, ``{"messages": [...]}`` or ``{"conversations": [...]}``, optionally with
+  ``"enable_thinking"``: rendered by the target's chat template, its chat markup as the single special
+  ids the served model sees, the assistant's tokens supervised (data/chat.py);
+- ``{"input_ids": [...], "loss_mask": [...]}``: tokens exactly, read as they are (what a generation
+  engine returned), never re-tokenized.
+ With one file, each record's ``"split"`` field ("train" or "val") decides
 where it goes; with ``val_path`` set, the two files are the two splits. Either way a validation record
 that shares text with a training record trains instead (:mod:`spec_drafters.data.heldout`). Files may be
 gzipped.
@@ -17,6 +25,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import DistributedSampler
 
+from spec_drafters.data.chat import conversation, is_chat, render
 from spec_drafters.data.heldout import split_by_content
 from spec_drafters.errors import InputError, MissingFile
 
@@ -53,12 +62,19 @@ SPLITS = ("train", "val")
 TEXT_FIELDS = ("text", "prompt", "response")
 
 
+#: The record kinds, by the fields that make one.
+KINDS = ({"text"}, {"prompt", "response"}, {"messages"}, {"conversations"}, {"input_ids", "loss_mask"})
+
+
 def read_jsonl(path: str | Path) -> list[tuple[int, dict]]:
-    """(line number, record) pairs of a training file; each record has 'text' or 'prompt' + 'response'."""
+    """(line number, record) pairs of a training file; each record is one of :data:`KINDS`."""
     records = []
     for lineno, rec in iter_jsonl(path):
-        if not isinstance(rec, dict) or not ({"text"} <= rec.keys() or {"prompt", "response"} <= rec.keys()):
-            raise InputError(f"{path}:{lineno}: a record needs 'text' or both 'prompt' and 'response'")
+        if not isinstance(rec, dict) or not any(kind <= rec.keys() for kind in KINDS):
+            raise InputError(
+                f"{path}:{lineno}: a record needs 'text', both 'prompt' and 'response', 'messages', "
+                "'conversations', or both 'input_ids' and 'loss_mask'"
+            )
         for key in TEXT_FIELDS:
             if key in rec and not isinstance(rec[key], str):
                 raise InputError(f"{path}:{lineno}: '{key}' must be a string, got {type(rec[key]).__name__}")
@@ -83,17 +99,40 @@ class Example:
     truncated: bool = False  # the record was longer than max_length
 
 
-def tokenize(rec: dict, tokenizer, max_length: int) -> Example | None:
-    """Prompt tokens (unsupervised) + response tokens (supervised), truncated; None if nothing to learn."""
+def tokenize(
+    rec: dict, tokenizer, max_length: int, where: str = "record", thinking: bool | None = None
+) -> Example | None:
+    """A record's ids and loss mask (1: supervised), truncated; None if nothing to learn. ``where``
+    (file:line) names the record in errors; ``thinking``: enable_thinking for a conversation that does
+    not set its own (None: the template's default)."""
+    ids, mask = record_ids(rec, tokenizer, where, thinking)
+    if sum(mask[:max_length]) < 2:  # an anchor needs itself and one label
+        return None
+    return Example(ids[:max_length], mask[:max_length], truncated=len(ids) > max_length)
+
+
+def record_ids(rec: dict, tokenizer, where: str, thinking: bool | None) -> tuple[list[int], list[int]]:
+    if "input_ids" in rec:
+        return exact_ids(rec, len(tokenizer), where)
+    if is_chat(rec):
+        return render(tokenizer, conversation(rec, where), rec.get("enable_thinking", thinking), where)
     if "text" in rec:
         prompt, response = [], tokenizer.encode(rec["text"])
     else:
         prompt, response = tokenizer.encode(rec["prompt"]), tokenizer.encode(rec["response"])
-    ids = (prompt + response)[:max_length]
-    mask = ([0] * len(prompt) + [1] * len(response))[:max_length]
-    if sum(mask) < 2:  # an anchor needs itself and one label
-        return None
-    return Example(ids, mask, truncated=len(prompt) + len(response) > max_length)
+    return prompt + response, [0] * len(prompt) + [1] * len(response)
+
+
+def exact_ids(rec: dict, vocab_size: int, where: str) -> tuple[list[int], list[int]]:
+    """A token-exact record's ids and mask, checked."""
+    ids, mask = rec["input_ids"], rec["loss_mask"]
+    if not (isinstance(ids, list) and isinstance(mask, list) and len(ids) == len(mask)):
+        raise InputError(f"{where}: 'input_ids' and 'loss_mask' must be lists of the same length")
+    if not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab_size for i in ids):
+        raise InputError(f"{where}: 'input_ids' holds ids outside the tokenizer's 0..{vocab_size - 1}")
+    if not all(m in (0, 1) for m in mask):
+        raise InputError(f"{where}: 'loss_mask' must hold 0 and 1 only")
+    return list(ids), [int(m) for m in mask]
 
 
 def collate(batch: list[Example]) -> dict[str, torch.Tensor]:
@@ -177,6 +216,8 @@ class TextRecords:
         seed: the training order of every epoch (resumed runs continue it exactly).
         cache: train from this offline cache (``spec-drafters cache``) instead of running the target
             over the training text; validation stays online.
+        thinking: for conversation records that do not set ``enable_thinking`` themselves, render
+            with thinking on (true) or off (false); null: the chat template's default.
     """
 
     def __init__(
@@ -190,6 +231,7 @@ class TextRecords:
         max_val_records: int | None = None,
         seed: int = 0,
         cache: str | None = None,
+        thinking: bool | None = None,
     ):
         super().__init__()  # under TextDataModule: LightningDataModule's
         if max_length < 4:
@@ -199,20 +241,24 @@ class TextRecords:
         self.path, self.val_path, self.max_length = path, val_path, max_length
         self.batch_size, self.val_batch_size = batch_size, val_batch_size or batch_size
         self.max_train_records, self.max_val_records = max_train_records, max_val_records
-        self.seed, self.cache = seed, cache
+        self.seed, self.cache, self.thinking = seed, cache, thinking
         self.train: list = []
         self.val: list[Example] = []
         self.notes: list[str] = []  # what reading the records found, for the run's log
 
-    def _split(self) -> tuple[list[tuple[int, dict]], list[tuple[int, dict]]]:
-        """(train, val) records after the content rule (data/heldout.py): a validation record that shares
-        text with a training record trains instead, so held-out is held out however the file split it."""
+    def _split(self) -> tuple[list[tuple[str, dict]], list[tuple[str, dict]]]:
+        """(train, val) (file:line, record) pairs after the content rule (data/heldout.py): a validation
+        record that shares text with a training record trains instead, so held-out is held out however
+        the file split it."""
         if self.val_path:
             train, val = read_jsonl(self.path), read_jsonl(self.val_path)
-            records, given = train + val, ["train"] * len(train) + ["val"] * len(val)
+            given = ["train"] * len(train) + ["val"] * len(val)
+            records = [(f"{self.path}:{n}", r) for n, r in train]
+            records += [(f"{self.val_path}:{n}", r) for n, r in val]
         else:
-            records = read_jsonl(self.path)
-            given = stored_splits(self.path, records)
+            read = read_jsonl(self.path)
+            given = stored_splits(self.path, read)
+            records = [(f"{self.path}:{n}", r) for n, r in read]
         splits = split_by_content([rec for _, rec in records], given)
         moved = sum(a != b for a, b in zip(given, splits, strict=True))
         if moved:
@@ -226,8 +272,8 @@ class TextRecords:
 
     def _tokenize(self, records, limit, name, tokenizer) -> list[Example]:
         examples, skipped = [], 0
-        for _lineno, rec in records[:limit]:
-            ex = tokenize(rec, tokenizer, self.max_length)
+        for where, rec in records[:limit]:
+            ex = tokenize(rec, tokenizer, self.max_length, where, self.thinking)
             if ex is None:
                 skipped += 1
             else:

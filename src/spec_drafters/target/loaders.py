@@ -27,7 +27,7 @@ import torch
 import yaml
 from torch import nn
 
-from spec_drafters.errors import MissingFile
+from spec_drafters.errors import InputError, MissingFile
 from spec_drafters.registry import register
 
 CARDS_DIR = Path(__file__).resolve().parent / "cards"  # symlink to the repo's registry/targets
@@ -97,6 +97,35 @@ class TextTokenizer:
     def decode(self, ids: list[int]) -> str:
         return self.hf.decode(ids, skip_special_tokens=False)
 
+    def __len__(self) -> int:
+        return len(self.hf)
+
+    def special_ids(self) -> set[int]:
+        """The ids of the special tokens (chat markup, end of turn, the mask token)."""
+        return set(self.hf.all_special_ids)
+
+    def special_strings(self) -> list[str]:
+        """The text of each special token: plain text holding one was meant as chat markup."""
+        return list(self.hf.all_special_tokens)
+
+    def chat_ids(
+        self, turns: list[dict], add_generation_prompt: bool, enable_thinking: bool | None
+    ) -> list[int]:
+        """A conversation through the tokenizer's chat template, tokenized as an engine tokenizes a chat
+        request: the rendered text with its special tokens parsed (data/chat.py)."""
+        if not self.hf.chat_template:
+            raise InputError(
+                f"chat records need the target's chat template, and its tokenizer ({type(self.hf).__name__}) "
+                "has none: give plain-text records ('text', or 'prompt' and 'response') instead"
+            )
+        extra = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+        if not turns:
+            return []
+        text = self.hf.apply_chat_template(
+            turns, tokenize=False, add_generation_prompt=add_generation_prompt, **extra
+        )
+        return self.hf.encode(text, add_special_tokens=False)  # special tokens parsed, as the engine does
+
     def identity(self) -> dict:
         """Class, size and a hash of every (token, id) pair: two tokenizers that could tokenize a text
         differently differ here (an offline cache records it). Not the folder: the same tokenizer may
@@ -123,6 +152,21 @@ class ByteTokenizer:
 
     def identity(self) -> dict:  # fixed by the class: its name and size say everything
         return {"name": type(self).__name__, "vocab_size": self.vocab_size}
+
+    def __len__(self) -> int:
+        return self.vocab_size
+
+    def special_ids(self) -> set[int]:
+        return {self.bos_token_id, self.eos_token_id, self.mask_token_id}
+
+    def special_strings(self) -> list[str]:
+        return []  # no text produces them
+
+    def chat_ids(self, turns, add_generation_prompt, enable_thinking) -> list[int]:
+        raise InputError(
+            "chat records need the target's chat template, and the byte tokenizer has none: use "
+            "TinyRandom(chat=chatml) or (chat=llama3), or plain-text records"
+        )
 
 
 @dataclass
@@ -362,7 +406,11 @@ class TinyRandom(TargetLoader):
         num_kv_heads: key/value heads (GQA when fewer than ``num_heads``).
         seed: weight initialisation seed.
         dtype: float32 or float64 (float64 makes greedy ties impossible in equality tests).
-        mask_token_id: the drafter's mask token (default 258, the byte tokenizer's MASK).
+        mask_token_id: the drafter's mask token (default 258, the byte tokenizer's MASK; with ``chat``,
+            the chat tokenizer's ``<|mask|>``).
+        chat: a byte-level chat tokenizer with a chat template instead of the byte tokenizer:
+            ``chatml`` (Qwen's format, with think blocks) or ``llama3`` (target/chat_tokenizers.py),
+            so chat records (data/chat.py) can be trained and served on a tiny target.
     """
 
     def __init__(
@@ -374,23 +422,40 @@ class TinyRandom(TargetLoader):
         num_kv_heads: int = 2,
         seed: int = 0,
         dtype: str = "float32",
-        mask_token_id: int = ByteTokenizer.mask_token_id,
+        mask_token_id: int | None = None,
+        chat: str | None = None,
     ):
+        from spec_drafters.target.chat_tokenizers import STYLES
+
         if architecture not in ("qwen3", "llama", "qwen3_5"):
             raise ValueError(f"architecture must be qwen3, llama or qwen3_5, got {architecture!r}")
+        if chat is not None and chat not in STYLES:
+            raise ValueError(f"chat must be one of {', '.join(STYLES)} (or null: bytes), got {chat!r}")
         self.architecture, self.num_layers, self.hidden_size = architecture, num_layers, hidden_size
         self.num_heads, self.num_kv_heads, self.seed, self.dtype = num_heads, num_kv_heads, seed, dtype
-        self.mask_token_id = mask_token_id
+        self.mask_token_id, self.chat = mask_token_id, chat
 
     def identity(self) -> str:
-        return f"tiny-{self.architecture}-{self.num_layers}x{self.hidden_size}-s{self.seed}"
+        chat = f"-{self.chat}" if self.chat else ""
+        return f"tiny-{self.architecture}-{self.num_layers}x{self.hidden_size}-s{self.seed}{chat}"
+
+    def tokenizer(self):
+        """-> (tokenizer, vocab size, bos id, eos id, mask id)."""
+        if self.chat is None:
+            tok = ByteTokenizer()
+            return tok, tok.vocab_size, tok.bos_token_id, tok.eos_token_id, tok.mask_token_id
+        from spec_drafters.target.chat_tokenizers import chat_tokenizer
+
+        hf = chat_tokenizer(self.chat)
+        (mask,) = hf.convert_tokens_to_ids(["<|mask|>"])
+        return TextTokenizer(hf), len(hf), None, hf.eos_token_id, mask
 
     def load(self) -> LoadedTarget:
         from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
 
-        tok = ByteTokenizer()
+        tok, vocab_size, bos_id, eos_id, mask_id = self.tokenizer()
         common = dict(
-            vocab_size=tok.vocab_size,
+            vocab_size=vocab_size,
             hidden_size=self.hidden_size,
             intermediate_size=2 * self.hidden_size,
             num_hidden_layers=self.num_layers,
@@ -398,8 +463,8 @@ class TinyRandom(TargetLoader):
             num_key_value_heads=self.num_kv_heads,
             head_dim=self.hidden_size // self.num_heads,
             max_position_embeddings=4096,
-            bos_token_id=tok.bos_token_id,
-            eos_token_id=tok.eos_token_id,
+            bos_token_id=bos_id,
+            eos_token_id=eos_id,
             tie_word_embeddings=False,
         )
         if self.architecture == "qwen3_5":
@@ -417,9 +482,9 @@ class TinyRandom(TargetLoader):
             name=self.identity(),
             num_layers=self.num_layers,
             hidden_size=self.hidden_size,
-            vocab_size=tok.vocab_size,
-            mask_token_id=self.mask_token_id,
-            eos_token_ids=[tok.eos_token_id],
+            vocab_size=vocab_size,
+            mask_token_id=mask_id if self.mask_token_id is None else self.mask_token_id,
+            eos_token_ids=[eos_id],
             architecture=self.architecture,
         )
         return LoadedTarget(model, tok, card)
