@@ -37,6 +37,7 @@ KINDS: dict[str, str] = {
     "verifier": "the acceptance rule for drafts (offline and in real decoding)",
     "draft_vocab": "which target tokens the drafter may propose (the head's rows it drafts over)",
     "prompts": "evaluation prompt sets for real decoding",
+    "engine": "what generates training answers for regenerate (in process, or an OpenAI-compatible server)",
 }
 
 #: Built-in modules that register components on import.
@@ -53,6 +54,7 @@ BUILTIN_MODULES = (
     "spec_drafters.decode.verifiers",
     "spec_drafters.model.vocab",
     "spec_drafters.data.prompts",
+    "spec_drafters.decode.engines",
 )
 
 #: Entry-point group through which other packages add components (docs/components.md, "Plugins").

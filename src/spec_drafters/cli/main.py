@@ -59,6 +59,10 @@ COMMANDS: dict[str, Command] = {
         "data_commands:reference_corpus_cmd",
         "build the reference drafter's corpus from the stdlib's docstrings (or mix it with source)",
     ),
+    "regenerate": Command(
+        "regenerate:regenerate",
+        "answer prompts with the target (chat template, thinking, engine) into token-exact training records",
+    ),
     "export": Command(
         "tools:export",
         "write a checkpoint or drafter folder in the spec_drafters, zlab or speculators layout",
