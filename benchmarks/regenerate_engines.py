@@ -64,9 +64,10 @@ def run_engine(args, folder: Path, prompts: Path, engine: str) -> dict:
 
 def start_server(args, log: Path) -> subprocess.Popen:
     """benchmarks/vllm_serve.sh in the background; returns once /v1/models answers."""
+    venv = str(Path(args.vllm_venv).resolve())
     with open(log, "w") as out:  # the child keeps its own copy of the descriptor
         server = subprocess.Popen(
-            ["bash", str(ROOT / "benchmarks/vllm_serve.sh"), args.vllm_venv, str(args.port)],
+            ["bash", str(ROOT / "benchmarks/vllm_serve.sh"), venv, str(args.port)],
             stdout=out, stderr=subprocess.STDOUT, cwd=ROOT,
         )  # fmt: skip
     for _ in range(300):
