@@ -65,6 +65,25 @@ def test_prompt_formats_dedupe_and_decontamination(tmp_path):
         rg.read_prompts([write(tmp_path / "p3.jsonl", [{"messages": [{"role": "system", "content": "x"}]}])])
 
 
+def test_parquet_and_json_prompt_files_read_as_jsonl(tmp_path):
+    """The same prompts as Parquet (columns a row lacks are null there), a JSON list and a folder."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    recs = [
+        {"messages": [{"role": "user", "content": "One?"}, {"role": "assistant", "content": "1"}]},
+        {"prompt": "Two?"},
+    ]
+    jsonl = rg.read_prompts([write(tmp_path / "p.jsonl", recs)])
+    table = pa.table({"messages": [recs[0]["messages"], None], "prompt": [None, "Two?"]})
+    pq.write_table(table, tmp_path / "p.parquet")
+    (tmp_path / "p.json").write_text(json.dumps(recs))
+    for path in ("p.parquet", "p.json"):
+        got = rg.read_prompts([str(tmp_path / path)])
+        assert [(i.id, i.turns) for i in got] == [(i.id, i.turns) for i in jsonl], path
+    assert len(rg.read_prompts([str(tmp_path)])) == 6  # the folder: all three files
+
+
 def test_regenerate_writes_token_exact_records_that_train(tmp_path):
     """regenerate -> cache -> fit -> validate from the CLI, on a tiny chat target: every record's ids
     are the rendered prompt and the target's own greedy answer, the mask on the answer."""

@@ -92,8 +92,8 @@ def _records(path: Path) -> Iterator[tuple[str, dict]]:
             import pyarrow.parquet as pq
         except ImportError:
             raise InputError(f"--prompts: reading {path} needs pyarrow (pip install pyarrow)") from None
-        for i, rec in enumerate(pq.read_table(path).to_pylist(), 1):
-            yield f"{path}:row {i}", rec
+        for i, rec in enumerate(pq.read_table(path).to_pylist(), 1):  # a column a row lacks reads None
+            yield f"{path}:row {i}", {k: v for k, v in rec.items() if v is not None}
     elif path.suffix == ".json":  # one JSON list of records
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
