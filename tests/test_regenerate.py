@@ -84,19 +84,24 @@ def test_parquet_and_json_prompt_files_read_as_jsonl(tmp_path):
     assert len(rg.read_prompts([str(tmp_path)])) == 6  # the folder: all three files
 
 
-def test_regenerate_writes_token_exact_records_that_train(tmp_path):
-    """regenerate -> cache -> fit -> validate from the CLI, on a tiny chat target: every record's ids
-    are the rendered prompt and the target's own greedy answer, the mask on the answer."""
+HYBRID = ["--config", "tests/configs/tiny_hybrid.yaml", "--model.target.init_args.chat", "chatml"]
+
+
+@pytest.mark.parametrize("target", [TINY, HYBRID], ids=["qwen3", "qwen3_5_hybrid"])
+def test_regenerate_writes_token_exact_records_that_train(tmp_path, target):
+    """regenerate -> cache -> fit -> validate from the CLI, on a tiny chat target (plain and the
+    Gated-DeltaNet hybrid): every record's ids are the rendered prompt and the target's own greedy
+    answer, the mask on the answer."""
     from spec_drafters.cli.lightning_cli import load_module
     from spec_drafters.decode.generate import greedy_generate
 
     out = tmp_path / "regen"
     main(["regenerate", "--prompts", prompts(tmp_path), "--out", str(out), "--max_tokens", "24",
           "--part_size", "4", "--val_fraction", "0.3", "--thinking", "off", "--no_progress",
-          *TINY])  # fmt: skip
+          *target])  # fmt: skip
     records = read_corpus(out)
     assert len(records) == 10 and {r["split"] for r in records} == {"train", "val"}
-    module = load_module(TINY, quiet=True)
+    module = load_module(target, quiet=True)
     tok = module.tokenizer
     for r in records[:3]:
         turns = r["messages"][:-1]
@@ -109,10 +114,10 @@ def test_regenerate_writes_token_exact_records_that_train(tmp_path):
     assert manifest["status"] == "done" and manifest["prompts"]["kept"] == 10
     assert manifest["calls"][0]["tokens"] == sum(sum(r["loss_mask"]) for r in records)
     data = ["--data.path", str(out / "corpus.jsonl.gz")]
-    main(["cache", *TINY, *data, "--out", str(tmp_path / "cache")])
-    main(["fit", *TINY, *data, "--data.cache", str(tmp_path / "cache"), "--trainer.max_steps", "3",
+    main(["cache", *target, *data, "--out", str(tmp_path / "cache")])
+    main(["fit", *target, *data, "--data.cache", str(tmp_path / "cache"), "--trainer.max_steps", "3",
           "--trainer.default_root_dir", str(tmp_path)])  # fmt: skip
-    main(["validate", *TINY, *data, "--ckpt_path", str(next(tmp_path.rglob("last.ckpt"))),
+    main(["validate", *target, *data, "--ckpt_path", str(next(tmp_path.rglob("last.ckpt"))),
           "--trainer.default_root_dir", str(tmp_path), "--results", str(tmp_path / "v.json")])  # fmt: skip
     assert json.loads((tmp_path / "v.json").read_text())["metrics"]["val/tau"] >= 1
 
