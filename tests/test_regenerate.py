@@ -228,3 +228,20 @@ def test_the_openai_engine_refuses_a_wrong_or_missing_server(tmp_path, server):
     with pytest.raises(SystemExit, match=r"no answer after 1 attempt.*is the server running"):
         main(["regenerate", "--out", str(tmp_path / "b"), *args, "--base_url", "http://127.0.0.1:9",
               "--retries", "0"])  # fmt: skip
+
+
+def test_batched_in_process_answers_equal_one_at_a_time(tmp_path):
+    """--batch_size 4 (transformers' batched generate, left-padded) writes the same records as the
+    one-prompt path on the tiny float64 target; sampling and hybrid targets refuse it."""
+    args = ["--prompts", prompts(tmp_path, 9), "--max_tokens", "20", "--no_progress", *TINY,
+            "--model.target.init_args.dtype", "float64"]  # fmt: skip
+    main(["regenerate", "--out", str(tmp_path / "one"), *args])
+    main(["regenerate", "--out", str(tmp_path / "batched"), *args, "--batch_size", "4"])
+    one, batched = read_corpus(tmp_path / "one"), read_corpus(tmp_path / "batched")
+    assert [r["input_ids"] for r in batched] == [r["input_ids"] for r in one]
+    assert [r["finish_reason"] for r in batched] == [r["finish_reason"] for r in one]
+    with pytest.raises(SystemExit, match="for greedy answers"):
+        main(["regenerate", "--out", str(tmp_path / "s"), *args, "--batch_size", "4", "--temperature", "0.5"])
+    hybrid = ["--prompts", prompts(tmp_path, 2), "--no_progress", *HYBRID, "--batch_size", "2"]
+    with pytest.raises(SystemExit, match="pads prompts, which a Gated-DeltaNet"):
+        main(["regenerate", "--out", str(tmp_path / "h"), *hybrid])

@@ -31,6 +31,8 @@ def parser() -> argparse.ArgumentParser:
                     "'conversations' (ShareGPT) or 'prompt' records")  # fmt: skip
     ap.add_argument("--out", required=True, help="a folder: parts/, corpus.jsonl.gz, manifest.json")
     ap.add_argument("--engine", choices=("transformers", "openai"), default="transformers")
+    ap.add_argument("--batch_size", type=int, default=1,
+                    help="transformers, greedy: prompts per batched generate (1: our path)")  # fmt: skip
     ap.add_argument("--base_url", default="http://localhost:8000", help="openai: the server")
     ap.add_argument("--served_model", help="openai: the served model's name (default: the only one)")
     ap.add_argument("--concurrency", type=int, default=8, help="openai: requests in flight")
@@ -76,7 +78,7 @@ def regenerate(argv: list[str]) -> None:
     if args.raw and any(len(it.turns) != 1 for it in items):
         raise InputError("--raw takes single prompts; these records hold conversations (drop --raw)")
     engine = (
-        InProcess()
+        InProcess(args.batch_size)
         if args.engine == "transformers"
         else OpenAICompatible(
             args.base_url, args.served_model, args.concurrency, args.retries, args.timeout, args.api_key
@@ -84,7 +86,8 @@ def regenerate(argv: list[str]) -> None:
     )
     run = {
         "settings": {**vars(settings), "thinking": args.thinking, "raw": args.raw,
-                     "val_fraction": args.val_fraction, "part_size": args.part_size},
+                     "batch_size": args.batch_size, "val_fraction": args.val_fraction,
+                     "part_size": args.part_size},
         "prompts": {"files": args.prompts, "read": read, "duplicates_removed": duplicates,
                     "decontaminated": removed, "kept": len(items)},
     }  # fmt: skip

@@ -21,6 +21,8 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+import torch
+
 from spec_drafters.decode.generate import sample_generate
 from spec_drafters.decode.sampling import Sampling
 from spec_drafters.errors import InputError
@@ -66,19 +68,59 @@ class Engine:
 
 @register("engine", "transformers")
 class InProcess(Engine):
-    """The target in this process, on this project's decoding path, one prompt at a time."""
+    """The target in this process: one prompt at a time on this project's decoding path, or, greedy
+    with ``batch_size`` > 1, transformers' batched ``generate`` over left-padded prompts (faster on a
+    CPU; padding may flip a near-tie, which tests/test_regenerate.py and the engine benchmark check).
+
+    Args:
+        batch_size: prompts per forward; above 1 for greedy decoding of attention-only targets.
+    """
+
+    def __init__(self, batch_size: int = 1):
+        if batch_size < 1:
+            raise InputError(f"--batch_size must be >= 1, got {batch_size}")
+        self.batch_size = batch_size
 
     def start(self, target, tokenizer, card) -> dict:
         self.target, self.eos = target, list(card.eos_token_ids)
-        return {"engine": "transformers", "target": card.name}
+        recurrent = any(getattr(layer, "linear_attn", None) is not None for layer in target.base.layers)
+        if self.batch_size > 1 and recurrent:
+            raise InputError(
+                "--batch_size > 1 pads prompts, which a Gated-DeltaNet layer's state would read: use 1 on "
+                f"this hybrid target ({card.name})"
+            )
+        return {"engine": "transformers", "target": card.name, "batch_size": self.batch_size}
 
     def generate(self, prompts, ids, settings):
+        if self.batch_size > 1:
+            if settings.temperature > 0:
+                raise InputError("--batch_size > 1 is for greedy answers (a sampled prompt has its own seed)")
+            return [a for b in range(0, len(prompts), self.batch_size)
+                    for a in self._batch(prompts[b : b + self.batch_size], settings.max_tokens)]  # fmt: skip
         out = []
         for prompt, item_id in zip(prompts, ids, strict=True):
             sampling = Sampling(settings.temperature, settings.top_p, settings.seed_for(item_id))
             result = sample_generate(self.target, prompt, settings.max_tokens, self.eos, sampling)
             stop = bool(result.tokens) and result.tokens[-1] in self.eos
             out.append((result.tokens, "stop" if stop else "length"))
+        return out
+
+    @torch.no_grad()
+    def _batch(self, prompts: list[list[int]], max_tokens: int) -> list[tuple[list[int], str]]:
+        width = max(map(len, prompts))
+        ids = torch.full((len(prompts), width), self.eos[0])
+        mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, p in enumerate(prompts):
+            ids[i, width - len(p) :], mask[i, width - len(p) :] = torch.tensor(p), 1
+        device = self.target.embed_tokens.weight.device
+        rows = self.target.model.generate(
+            ids.to(device), attention_mask=mask.to(device), max_new_tokens=max_tokens, do_sample=False,
+            eos_token_id=self.eos, pad_token_id=self.eos[0],
+        )[:, width:].tolist()  # fmt: skip
+        out = []
+        for row in rows:
+            stop = next((i for i, t in enumerate(row) if t in self.eos), None)
+            out.append((row[: stop + 1], "stop") if stop is not None else (row[:max_tokens], "length"))
         return out
 
 
