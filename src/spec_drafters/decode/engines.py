@@ -95,8 +95,13 @@ class InProcess(Engine):
         if self.batch_size > 1:
             if settings.temperature > 0:
                 raise InputError("--batch_size > 1 is for greedy answers (a sampled prompt has its own seed)")
-            return [a for b in range(0, len(prompts), self.batch_size)
-                    for a in self._batch(prompts[b : b + self.batch_size], settings.max_tokens)]  # fmt: skip
+            order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]))  # less padding
+            answers: dict[int, tuple[list[int], str]] = {}
+            for b in range(0, len(order), self.batch_size):
+                chunk = order[b : b + self.batch_size]
+                batch = self._batch([prompts[i] for i in chunk], settings.max_tokens)
+                answers.update(zip(chunk, batch, strict=True))
+            return [answers[i] for i in range(len(prompts))]
         out = []
         for prompt, item_id in zip(prompts, ids, strict=True):
             sampling = Sampling(settings.temperature, settings.top_p, settings.seed_for(item_id))
