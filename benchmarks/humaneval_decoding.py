@@ -42,6 +42,7 @@ import time
 from pathlib import Path
 
 from common import RESULTS, record
+from spec_drafters.cli.tools import flag_value
 
 ROOT = Path(__file__).resolve().parent.parent
 OUT = RESULTS / "humaneval_decoding"  # the committed pieces
@@ -122,17 +123,6 @@ def part_command(args, folder: Path, config: Path, part: int) -> tuple[list[str]
     return cmd, rows
 
 
-def _option(argv: list[str], name: str) -> str | None:
-    """The value of ``name`` in an argument list (``--x v`` or ``--x=v``), the last one winning."""
-    value = None
-    for i, a in enumerate(argv):
-        if a == name and i + 1 < len(argv):
-            value = argv[i + 1]
-        elif a.startswith(name + "="):
-            value = a.split("=", 1)[1]
-    return value
-
-
 def _config_init_from(configs: list[str]) -> str | None:
     import yaml
 
@@ -163,7 +153,7 @@ def drafter_identity(args) -> dict:
     import hashlib
 
     weights = Path(args.ckpt_path) if args.ckpt_path else None
-    folder = args.init_from or _option(args.extra, "--model.init_from") or _config_init_from(args.config)
+    folder = args.init_from or flag_value(args.extra, "--model.init_from") or _config_init_from(args.config)
     if weights is None and folder is not None:
         weights = ROOT / folder / "model.safetensors"
     digest = None

@@ -70,13 +70,18 @@ def texts(rec: dict) -> tuple[str, str]:
     return "\n".join(prompt), "\n".join(supervised)
 
 
-def _openai_turn(turn, where: str, i: int) -> dict:
-    ok = isinstance(turn, dict) and turn.get("role") in ROLES and isinstance(turn.get("content"), str)
+def _check_turn(turn, where: str, i: int, role_key: str, text_key: str, roles) -> None:
+    """A turn is a dict with a known role (under ``role_key``) and a string (under ``text_key``)."""
+    ok = isinstance(turn, dict) and turn.get(role_key) in roles and isinstance(turn.get(text_key), str)
     if not ok:
         raise InputError(
-            f"{where}: turn {i} must be {{'role': one of {', '.join(ROLES)}, 'content': a string}}, "
+            f"{where}: turn {i} must be {{'{role_key}': one of {', '.join(roles)}, '{text_key}': a string}}, "
             f"got {turn!r:.80}"
         )
+
+
+def _openai_turn(turn, where: str, i: int) -> dict:
+    _check_turn(turn, where, i, "role", "content", ROLES)
     out = {"role": turn["role"], "content": turn["content"]}
     thinking = turn.get("reasoning_content", turn.get("thinking"))
     if thinking is not None:
@@ -87,12 +92,7 @@ def _openai_turn(turn, where: str, i: int) -> dict:
 
 
 def _sharegpt_turn(turn, where: str, i: int) -> dict:
-    ok = isinstance(turn, dict) and turn.get("from") in SHAREGPT_ROLES and isinstance(turn.get("value"), str)
-    if not ok:
-        raise InputError(
-            f"{where}: turn {i} must be {{'from': one of {', '.join(SHAREGPT_ROLES)}, 'value': a string}}, "
-            f"got {turn!r:.80}"
-        )
+    _check_turn(turn, where, i, "from", "value", SHAREGPT_ROLES)
     return {"role": SHAREGPT_ROLES[turn["from"]], "content": turn["value"]}
 
 
