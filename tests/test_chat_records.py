@@ -121,9 +121,18 @@ def _write(path, records):
     return path
 
 
-def test_special_ids_survive_records_cache_and_batches(tmp_path):
-    """From a messages file through TextRecords, the offline feature cache and collate: the ids the
-    template gives, the special ones single, the mask on the assistant's tokens only."""
+#: style -> (the turn opener, the end of turn, what the model writes for "answer 0")
+MARKUP = {
+    "chatml": ("<|im_start|>", "<|im_end|>", "<think>\n\n</think>\n\nanswer 0<|im_end|>"),
+    "llama3": ("<|start_header_id|>", "<|eot_id|>", "answer 0<|eot_id|>"),
+}
+
+
+@pytest.mark.parametrize("style", ["chatml", "llama3"])
+def test_special_ids_survive_records_cache_and_batches(tmp_path, style):
+    """From a messages file through TextRecords, the offline feature cache and collate, for a Qwen-style
+    and a Llama-style tokenizer: the ids the template gives, the special ones single, the mask on the
+    assistant's tokens only."""
     from spec_drafters.data.feature_cache import CachedRecords, build_cache, collate_cached, run_meta
     from spec_drafters.lightning.module import DFlashModule
     from spec_drafters.model.drafter import DrafterConfig
@@ -138,7 +147,7 @@ def test_special_ids_survive_records_cache_and_batches(tmp_path):
     data = _write(tmp_path / "chat.jsonl", records)
     torch.manual_seed(0)
     module = DFlashModule(
-        target=TinyRandom(num_layers=6, chat="chatml"), drafter=DrafterConfig(num_layers=1, block_size=4),
+        target=TinyRandom(num_layers=6, chat=style), drafter=DrafterConfig(num_layers=1, block_size=4),
         injection=AllButLast(num_taps=3),
     )  # fmt: skip
     t = module.tokenizer
@@ -147,7 +156,8 @@ def test_special_ids_survive_records_cache_and_batches(tmp_path):
     assert len(train) == 6 and len(val) == 2
     want_ids, want_mask = render(t, conversation(records[0], "x"), None, "x")
     assert train[0].input_ids == want_ids and train[0].loss_mask == want_mask
-    im_start, im_end = t.hf.convert_tokens_to_ids(["<|im_start|>", "<|im_end|>"])
+    opener, end, answer = MARKUP[style]
+    im_start, im_end = t.hf.convert_tokens_to_ids([opener, end])
     spec = module.feature_spec()
     build_cache(spec, text, tmp_path / "cache", progress=False)
     cached = CachedRecords(tmp_path / "cache", run_meta(spec, text, train), examples=train)
@@ -159,9 +169,8 @@ def test_special_ids_survive_records_cache_and_batches(tmp_path):
     for batch in (collate(train), collate_cached([cached[i] for i in range(len(cached))])):
         assert int((batch["input_ids"] == im_start).sum()) == 2 * len(train)
         assert int(batch["loss_mask"].sum()) == sum(sum(ex.loss_mask) for ex in train)
-    # Thinking on (the template's default): the model writes the (empty) think block itself.
-    want = ["<think>\n\n</think>\n\nanswer 0<|im_end|>"]
-    assert supervised_text(t, train[0].input_ids, train[0].loss_mask) == want
+    # ChatML with thinking on (the template's default): the model writes the (empty) think block itself.
+    assert supervised_text(t, train[0].input_ids, train[0].loss_mask) == [answer]
 
 
 def test_lint_names_the_file_line_and_token_of_pasted_chat_markup(tmp_path, capsys):
