@@ -36,12 +36,15 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def first_prompts(n: int) -> list[dict]:
+    """The first ``n`` records of the reference corpus, read from its committed parts in order (the
+    joined corpus.jsonl.gz is not committed)."""
     out = []
-    with gzip.open(ROOT / "data/reference/answers/corpus.jsonl.gz", "rt", encoding="utf-8") as fh:
-        for line in fh:
-            out.append(json.loads(line))
-            if len(out) == n:
-                break
+    for part in sorted((ROOT / "data/reference/answers").glob("part-*.jsonl.gz")):
+        with gzip.open(part, "rt", encoding="utf-8") as fh:
+            for line in fh:
+                out.append(json.loads(line))
+                if len(out) == n:
+                    return out
     return out
 
 
