@@ -6,7 +6,7 @@ Layouts (the weights' keys are the same in all three: ``layers.{i}.*``, ``fc.wei
 - ``spec_drafters``: z-lab's config fields plus a ``spec_drafters`` block (component names, the
   target's identity, the drafter config) and any auxiliary heads (``aux.confidence_head.*``).
 - ``zlab``: z-lab/dflash's ``DFlashDraftModel`` (a Qwen3 config with ``block_size``,
-  ``num_target_layers``, ``dflash_config.{mask_token_id, target_layer_ids}``, ``layer_types``,
+  ``num_target_layers``, ``dflash_config.{mask_token_id, target_layer_ids, block_size}``, ``layer_types``,
   ``sliding_window``). Its layer ids are this project's (0-based decoder-layer outputs).
 - ``speculators``: vllm-project/speculators' ``DFlashSpeculatorConfig``; its
   ``aux_hidden_state_layer_ids`` are ours + 1 (docs/method.md section 1) and exclude the target's last layer,
@@ -91,7 +91,13 @@ def _zlab_fields(folder: DrafterFolder) -> dict:
         **_qwen3_fields(cfg, folder.vocab_size),
         "block_size": cfg.block_size,
         "num_target_layers": folder.num_target_layers,
-        "dflash_config": {"mask_token_id": cfg.mask_token_id, "target_layer_ids": list(folder.fc_ids)},
+        # block_size twice: older z-lab readers take the top-level one, newer configs and readers
+        # dflash_config's (issue 33).
+        "dflash_config": {
+            "mask_token_id": cfg.mask_token_id,
+            "target_layer_ids": list(folder.fc_ids),
+            "block_size": cfg.block_size,
+        },
     }
 
 
@@ -287,6 +293,11 @@ def _parse_folder(
         dflash = config.get("dflash_config", {})
         fc_ids = list(dflash["target_layer_ids"])
         block_size = config.get("block_size") or dflash.get("block_size")
+        if dflash.get("block_size") not in (None, block_size):
+            raise ValueError(
+                f"{path}: block_size {config.get('block_size')} and dflash_config.block_size "
+                f"{dflash['block_size']} disagree"
+            )
         cfg = _drafter_config(config, int(block_size), int(dflash["mask_token_id"]), len(fc_ids), [])
         layers, vocab = int(config["num_target_layers"]), int(config["vocab_size"])
     else:
