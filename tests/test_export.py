@@ -55,6 +55,12 @@ def test_layouts_state_ids_in_their_own_conventions(tmp_path):
     assert z["dflash_config"]["target_layer_ids"] == [1, 2, 3] and z["num_target_layers"] == 6
     assert z["block_size"] == 4 and z["dflash_config"]["mask_token_id"] == 258
     assert z["dflash_config"]["block_size"] == 4  # where newer z-lab configs and readers look
+    z["dflash_config"]["block_size"] = 8
+    (tmp_path / "z" / "config.json").write_text(json.dumps(z))
+    with pytest.raises(ValueError, match=r"block_size 4 and dflash_config\.block_size 8 disagree"):
+        read_folder(tmp_path / "z")
+    z["dflash_config"]["block_size"] = 4
+    (tmp_path / "z" / "config.json").write_text(json.dumps(z))
     assert s["aux_hidden_state_layer_ids"] == [2, 3, 4]  # speculators count one higher
     assert (
         "embed_tokens.weight" not in read_folder(tmp_path / "z").state
