@@ -140,7 +140,7 @@ def test_two_processes_share_the_parts_folder_one_in_reverse(tmp_path, monkeypat
     loaded = _target()
     items = [{"id": f"m:{i}", "prompt": f"def f{i}(x):"} for i in range(5)]
     generate_parts(items, loaded, tmp_path / "fwd", part_size=2, batch_size=2, max_new_tokens=4)
-    written, real_write = [], reference_corpus._write_part
+    written, real_write = [], reference_corpus.write_part
 
     def write(path, records):  # as the other process: part 0 appears while this one answers part 2
         real_write(path, records)
@@ -150,7 +150,7 @@ def test_two_processes_share_the_parts_folder_one_in_reverse(tmp_path, monkeypat
                 (tmp_path / "fwd" / "part-00000.jsonl.gz").read_bytes()
             )
 
-    monkeypatch.setattr(reference_corpus, "_write_part", write)
+    monkeypatch.setattr(reference_corpus, "write_part", write)
     generate_parts(items, loaded, tmp_path / "rev", part_size=2, batch_size=2, max_new_tokens=4, reverse=True)
     assert written == ["part-00002.jsonl.gz", "part-00001.jsonl.gz"]  # part 0 was not answered again
     for name in ("part-00000.jsonl.gz", "part-00001.jsonl.gz", "part-00002.jsonl.gz"):

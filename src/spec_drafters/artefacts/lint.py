@@ -297,7 +297,7 @@ def special_tokens(data_path: str | Path | None, tokenizer, n: int = 3) -> list[
     the markup someone pasted in becomes ordinary pieces the served model never sees; in a
     conversation's turns a warning, since the chat path parses them into control tokens, as the engine
     would. Each finding names the file, the first lines and the token."""
-    specials = [t for t in getattr(tokenizer, "special_strings", list)() if t]
+    specials = [t for t in tokenizer.special_strings() if t]
     if not data_path or not Path(data_path).is_file() or not specials:
         return []
     from spec_drafters.data.chat import texts

@@ -132,7 +132,7 @@ def regenerate(argv: list[str]) -> None:
     counts = rg.answer_parts(
         items, answer, out, args.part_size, args.val_fraction, not args.no_progress, args.raw
     )
-    corpus = rg.assemble(out / "parts", counts["parts"], out / "corpus.jsonl.gz")
+    corpus = rg.assemble_corpus(out / "parts", counts["parts"], out / "corpus.jsonl.gz")
     this_call = {**counts, "tokens_per_s": round(counts["tokens"] / max(counts["seconds"], 1e-9), 2),
                  "wall_s": round(time.time() - t0, 1), "command": ["spec-drafters", "regenerate", *argv],
                  "git": _git(), "time": time.strftime("%Y-%m-%dT%H:%M:%S")}  # fmt: skip

@@ -35,9 +35,10 @@ def is_chat(rec: dict) -> bool:
     return "messages" in rec or "conversations" in rec
 
 
-def conversation(rec: dict, where: str) -> list[dict]:
+def conversation(rec: dict, where: str, answered: bool = True) -> list[dict]:
     """The record's turns as ``[{"role", "content"[, "reasoning_content"]}]``; errors name ``where``
-    (file:line)."""
+    (file:line). ``answered``: it must hold an assistant turn (a training record; a prompt to answer
+    need not)."""
     if "messages" in rec:
         turns = rec["messages"]
         if not isinstance(turns, list) or not turns:
@@ -50,7 +51,7 @@ def conversation(rec: dict, where: str) -> list[dict]:
         out = [_sharegpt_turn(t, where, i) for i, t in enumerate(turns)]
     if out[0]["role"] == "assistant":
         raise InputError(f"{where}: the conversation starts with the assistant (nothing to answer)")
-    if not any(t["role"] == "assistant" for t in out):
+    if answered and not any(t["role"] == "assistant" for t in out):
         raise InputError(f"{where}: no assistant turn (nothing to train on)")
     return out
 

@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 
 from spec_drafters.data.corpus import answer_batch, humaneval_overlap, split_of, stdlib_files
+from spec_drafters.data.parts import assemble, part_ids, write_part
 
 #: Test suites are not code a user asks a model to write; site-packages is not the standard library.
 SKIP_DIRS = {"test", "tests", "site-packages", "__pycache__"}
@@ -97,18 +98,6 @@ def select_items(items: list[dict], val_fraction: float) -> list[dict]:
     return [{**it, "split": split_of(it["id"], val_fraction)} for it in kept]
 
 
-def _write_part(path: Path, records: list[dict]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as raw, gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) as fh:
-        fh.write("".join(json.dumps(r) + "\n" for r in records).encode())
-    os.replace(tmp, path)  # atomic: a killed run never leaves a half-written part
-
-
-def _part_ids(path: Path) -> list[str]:
-    with gzip.open(path, "rt", encoding="utf-8") as fh:
-        return [json.loads(line)["id"] for line in fh]
-
-
 def generate_parts(
     items: list[dict],
     target,
@@ -130,7 +119,7 @@ def generate_parts(
 
     def finished(s: int) -> bool:
         path = out / f"part-{s // part_size:05d}.jsonl.gz"
-        return path.is_file() and _part_ids(path) == [it["id"] for it in items[s : s + part_size]]
+        return part_ids(path) == [it["id"] for it in items[s : s + part_size]]
 
     done = {s for s in starts if finished(s)}
     bar = tqdm(total=len(items), initial=sum(len(items[s : s + part_size]) for s in done), unit="prompt")
@@ -148,26 +137,10 @@ def generate_parts(
             for i, rec in zip(idx, answer_batch([part[i] for i in idx], target, max_new_tokens), strict=True):
                 answered[i] = rec
             bar.update(len(idx))
-        _write_part(out / f"part-{s // part_size:05d}.jsonl.gz", [answered[i] for i in range(len(part))])
+        write_part(out / f"part-{s // part_size:05d}.jsonl.gz", [answered[i] for i in range(len(part))])
         answered_here += len(part)
     bar.close()
     return answered_here
-
-
-def assemble(parts: list[Path], out: Path) -> dict:
-    """Joins parts in order into ``out`` (deterministic gzip); returns counts and the content sha256."""
-    digest = hashlib.sha256()
-    n = 0
-    tmp = out.with_name(out.name + ".tmp")
-    with open(tmp, "wb") as raw, gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) as dst:
-        for part in parts:
-            with gzip.open(part, "rb") as src:
-                for line in src:
-                    digest.update(line)
-                    dst.write(line)
-                    n += 1
-    os.replace(tmp, out)
-    return {"records": n, "sha256": digest.hexdigest(), "file": out.name}  # beside manifest.json
 
 
 def finish(parts: list[Path], out: Path, answered: int, **meta) -> dict:
@@ -282,7 +255,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         answered = len(items)
         parts = [out / "part-00000.jsonl.gz"]
-        _write_part(parts[0], items)
+        write_part(parts[0], items)
     manifest = finish(
         parts,
         out,

@@ -17,17 +17,17 @@ people, the held-out rule and decontamination), ``id``, ``split`` and ``finish_r
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
-import os
 import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from spec_drafters.data import chat
 from spec_drafters.data.chat import conversation
+from spec_drafters.data.parts import assemble, part_ids, write_part
 from spec_drafters.data.records import iter_jsonl
 from spec_drafters.errors import InputError, MissingFile
 
@@ -127,33 +127,13 @@ def _item(rec, where: str) -> Item:
 
 def _without_answer(rec: dict, where: str) -> list[dict]:
     """The record's turns without a trailing assistant turn; the last must then be the user's."""
-    turns = rec.get("messages") if "messages" in rec else rec.get("conversations")
-    if isinstance(turns, list) and turns:
-        last = turns[-1]
-        role = (
-            last.get("role") or {"gpt": "assistant"}.get(last.get("from")) if isinstance(last, dict) else None
-        )
-        if role == "assistant":
-            turns = turns[:-1]
-    if not isinstance(turns, list) or not turns:
-        raise InputError(f"{where}: no turns to answer")
-    # conversation() checks the turns; it needs an assistant turn, so check with a placeholder one.
-    checked = conversation({"messages": [*_openai(turns), {"role": "assistant", "content": ""}]}, where)[:-1]
-    if checked[-1]["role"] != "user":
-        raise InputError(f"{where}: the last turn to answer is {checked[-1]['role']!r}, not the user's")
-    return checked
-
-
-def _openai(turns: list) -> list:
-    from spec_drafters.data.chat import SHAREGPT_ROLES
-
-    out = []
-    for t in turns:
-        if isinstance(t, dict) and "from" in t and "role" not in t:
-            out.append({"role": SHAREGPT_ROLES.get(t.get("from"), t.get("from")), "content": t.get("value")})
-        else:
-            out.append(t)
-    return out
+    turns = conversation(rec, where, answered=False)
+    if turns[-1]["role"] == "assistant":
+        turns = turns[:-1]
+    if not turns or turns[-1]["role"] != "user":
+        last = turns[-1]["role"] if turns else "nothing"
+        raise InputError(f"{where}: the last turn to answer is {last!r}, not the user's")
+    return turns
 
 
 # ------------------------------------------------------------------------ dedupe and decontamination
@@ -218,11 +198,8 @@ def eval_texts(path: str) -> list[str]:
     for where, rec in _records(Path(path)):
         if not isinstance(rec, dict):
             raise InputError(f"{where}: an evaluation record must be a JSON object")
-        turns = rec.get("messages") or rec.get("conversations")
-        if isinstance(turns, list):
-            out.append(
-                " ".join(str(t.get("content", t.get("value", ""))) for t in turns if isinstance(t, dict))
-            )
+        if "messages" in rec or "conversations" in rec:
+            out.append(" ".join(chat.texts(rec)))
         else:
             out.append(
                 " ".join(
@@ -258,23 +235,6 @@ def record(item: Item, answer: Answer, split: str, raw: bool = False) -> dict:
     }
 
 
-def write_part(path: Path, records: list[dict]) -> None:
-    """One part, gzip without a timestamp (same records, same bytes), written atomically."""
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as raw, gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) as fh:
-        fh.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode())
-    os.replace(tmp, path)
-
-
-def part_ids(path: Path) -> list[str] | None:
-    """The ids a finished part holds, or None when it cannot be read (then it is answered again)."""
-    try:
-        with gzip.open(path, "rt", encoding="utf-8") as fh:
-            return [json.loads(line)["id"] for line in fh]
-    except (OSError, EOFError, ValueError, KeyError):
-        return None
-
-
 def answer_parts(
     items: list[Item],
     answer: Callable[[list[Item]], list[Answer]],
@@ -307,7 +267,7 @@ def answer_parts(
         records = [
             record(it, a, split_of(it.id, val_fraction), raw) for it, a in zip(part, answers, strict=True)
         ]
-        write_part(name[s], records)
+        write_part(name[s], records, ensure_ascii=False)
         answered += 1
         bar.update(len(part))
         bar.set_postfix(tok_s=f"{tokens / max(seconds, 1e-9):.1f}")
@@ -315,17 +275,14 @@ def answer_parts(
     return {"parts": len(starts), "parts_answered": answered, "tokens": tokens, "seconds": round(seconds, 3)}
 
 
-def assemble(parts_dir: Path, n_parts: int, out: Path) -> dict:
-    """The parts joined in order into ``out`` (deterministic gzip); counts and the content sha256."""
-    digest, n, finished = hashlib.sha256(), 0, 0
-    tmp = out.with_name(out.name + ".tmp")
-    with open(tmp, "wb") as raw, gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) as dst:
-        for i in range(n_parts):
-            with gzip.open(parts_dir / f"part-{i:05d}.jsonl.gz", "rb") as src:
-                for line in src:
-                    digest.update(line)
-                    dst.write(line)
-                    n += 1
-                    finished += json.loads(line)["finish_reason"] == "stop"
-    os.replace(tmp, out)
-    return {"records": n, "finished": finished, "sha256": digest.hexdigest(), "file": out.name}
+def assemble_corpus(parts_dir: Path, n_parts: int, out: Path) -> dict:
+    """The parts joined in order into ``out`` (data/parts.py); counts (with the answers that ended by
+    themselves) and the content sha256."""
+    finished = 0
+
+    def count(line: bytes) -> None:
+        nonlocal finished
+        finished += json.loads(line)["finish_reason"] == "stop"
+
+    parts = [parts_dir / f"part-{i:05d}.jsonl.gz" for i in range(n_parts)]
+    return {**assemble(parts, out, count), "finished": finished}
