@@ -44,11 +44,24 @@ def test_old_checkpoint_exports_to_the_old_folder(tmp_path, ckpt, folder, layout
     for key in then:
         assert torch.equal(then[key], now[key]), key
     now_config = json.loads((tmp_path / "f" / "config.json").read_text())
-    # The one addition since the fixtures were written: dflash_config.block_size (issue 33), equal to
-    # the top-level block_size they already hold.
+    then_config = json.loads((FIX / folder / "config.json").read_text())
+    # The changes since the fixtures were written, each named (issue 33; docs/serving.md):
+    # dflash_config.block_size, equal to the top-level block_size they already hold;
     added = now_config.get("dflash_config", {}).pop("block_size", None)
     assert added in (None, now_config.get("block_size"))
-    assert json.loads((FIX / folder / "config.json").read_text()) == now_config
+    if layout == "speculators":
+        # the speculators_config block vLLM recognises the format by (no --verifier: the recorded
+        # target, no architectures) and sample_from_anchor, both absent before;
+        block = now_config.pop("speculators_config")
+        assert block["verifier"] == {"name_or_path": "tiny-qwen3-6x32-s0", "architectures": []}
+        assert block["proposal_methods"] == [{"proposal_type": "greedy", "speculative_tokens": 3}]
+        assert now_config.pop("sample_from_anchor") is False
+        # sliding_window_non_causal true for these all-full drafters (false made vLLM run every layer
+        # causal, vllm#56692); the same drafter for speculators, whose flag concerns sliding layers only.
+        assert then_config.pop("sliding_window_non_causal") is False
+        assert now_config.pop("sliding_window_non_causal") is True
+        assert "sliding_attention" not in now_config["transformer_layer_config"]["layer_types"]
+    assert then_config == now_config
 
 
 @pytest.mark.parametrize("folder", ["folder", "folder_speculators", "folder_vocab64_speculators"])

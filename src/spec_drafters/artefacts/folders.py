@@ -11,7 +11,9 @@ Layouts (the weights' keys are the same in all three: ``layers.{i}.*``, ``fc.wei
 - ``speculators``: vllm-project/speculators' ``DFlashSpeculatorConfig``; its
   ``aux_hidden_state_layer_ids`` are ours + 1 (docs/method.md section 1) and exclude the target's last layer,
   which speculators keeps for the verifier only; sliding-window layers are causal inside the block
-  unless ``sliding_window_non_causal``.
+  unless ``sliding_window_non_causal``. The ``speculators_config`` block (algorithm, proposal, verifier)
+  is what vLLM recognises the format by; with a verifier folder and a draft vocabulary, the folder also
+  holds ``lm_head.weight``, the target head's rows of the draft ids (artefacts/verifier.py).
 
 Notation: L target layers, n layers into fc, H hidden size.
 """
@@ -27,6 +29,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save
 
 from spec_drafters.artefacts.checkpoints import read_checkpoint_file, upgrade_class_paths  # noqa: F401
+from spec_drafters.artefacts.verifier import Verifier
 from spec_drafters.errors import InputError, read_json
 from spec_drafters.model.drafter import DFlashDrafter, DrafterConfig
 
@@ -116,7 +119,10 @@ def zlab_config(folder: DrafterFolder) -> dict:
     return _zlab_fields(folder)
 
 
-def speculators_config(folder: DrafterFolder) -> dict:
+def speculators_config(folder: DrafterFolder, verifier: Verifier | None = None) -> dict:
+    """``verifier``: the target folder an engine will verify with (recorded in ``speculators_config``,
+    which vLLM requires); without one the block names the target the drafter was trained for, with no
+    architectures."""
     cfg = folder.config
     last = folder.num_target_layers - 1
     if last in folder.fc_ids:
@@ -140,7 +146,20 @@ def speculators_config(folder: DrafterFolder) -> dict:
         "block_size": cfg.block_size,
         "aux_hidden_state_layer_ids": [i + 1 for i in folder.fc_ids],  # speculators count from 1
         "mask_token_id": cfg.mask_token_id,
-        "sliding_window_non_causal": bool(sliding) and not causal,
+        # True unless sliding layers are causal, also with no sliding layer at all: vLLM (0.32) turns
+        # False into dflash_config.causal = True for EVERY layer, full ones included (vllm#56692), a
+        # drafter trained non-causal then drafts with a causal mask, silently. speculators reads the
+        # flag for sliding layers only, so True is what it means too.
+        "sliding_window_non_causal": not causal,
+        "sample_from_anchor": False,  # the anchor is the bonus token: block_size - 1 drafts a round
+        "speculators_config": {
+            "algorithm": "dflash",
+            "proposal_methods": [{"proposal_type": "greedy", "speculative_tokens": cfg.block_size - 1}],
+            "default_proposal_method": "greedy",
+            "verifier": verifier.block()
+            if verifier is not None
+            else {"name_or_path": (folder.meta.get("target") or {}).get("name"), "architectures": []},
+        },
     }
 
 
@@ -149,15 +168,21 @@ def speculators_config(folder: DrafterFolder) -> dict:
 FOLDER_FILES = ("config.json", "model.safetensors", "calibration.json")
 
 
-def layout_files(folder: DrafterFolder, layout: str) -> tuple[dict, dict[str, torch.Tensor]]:
+def layout_files(
+    folder: DrafterFolder, layout: str, verifier: Verifier | None = None
+) -> tuple[dict, dict[str, torch.Tensor]]:
     """(config.json, the tensors of model.safetensors) of ``folder`` in ``layout``; a ValueError where
-    the layout cannot express the drafter, before anything is written."""
+    the layout cannot express the drafter, before anything is written. ``verifier`` (speculators
+    layout): the target folder, checked against the drafter, named in the config, and the source of a
+    draft vocabulary's head rows (artefacts/verifier.py)."""
     if layout not in LAYOUTS:
         raise ValueError(f"--layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+    if verifier is not None:
+        verifier.check(folder.num_target_layers, folder.config.hidden_size, folder.vocab_size)
     if layout == "zlab":
         config = zlab_config(folder)
     elif layout == "speculators":
-        config = speculators_config(folder)
+        config = speculators_config(folder, verifier)
     else:  # z-lab's fields (readable by z-lab tools when expressible) plus everything of ours
         config = _zlab_fields(folder)
         config["spec_drafters"] = {
@@ -168,7 +193,10 @@ def layout_files(folder: DrafterFolder, layout: str) -> tuple[dict, dict[str, to
         }
     state = {k: v.detach().contiguous().cpu() for k, v in folder.state.items()}
     if layout == "speculators" and "draft_ids" in state:
-        state.update(speculators_vocab(state.pop("draft_ids"), folder.vocab_size))
+        ids = state.pop("draft_ids")
+        state.update(speculators_vocab(ids, folder.vocab_size))
+        if verifier is not None:
+            state["lm_head.weight"] = verifier.head_rows(ids).to(state["fc.weight"].dtype).contiguous()
     if layout == "spec_drafters":
         state.update({AUX_PREFIX + k: v.detach().contiguous().cpu() for k, v in folder.aux.items()})
     elif folder.aux:
@@ -176,9 +204,11 @@ def layout_files(folder: DrafterFolder, layout: str) -> tuple[dict, dict[str, to
     return config, state
 
 
-def write_folder(folder: DrafterFolder, path: str | Path, layout: str = "spec_drafters") -> Path:
+def write_folder(
+    folder: DrafterFolder, path: str | Path, layout: str = "spec_drafters", verifier: Verifier | None = None
+) -> Path:
     """Writes ``config.json`` and ``model.safetensors`` (no pickle) into ``path``."""
-    return write_files(path, *layout_files(folder, layout), layout)
+    return write_files(path, *layout_files(folder, layout, verifier), layout)
 
 
 def write_files(path: str | Path, config: dict, state: dict[str, torch.Tensor], layout: str) -> Path:

@@ -40,6 +40,18 @@ def export_parser() -> argparse.ArgumentParser:
     ap.add_argument("--layout", choices=LAYOUTS, default="spec_drafters")
     ap.add_argument("--num_target_layers", type=int, help="the target's depth (speculators folders omit it)")
     ap.add_argument(
+        "--verifier",
+        help="speculators layout: the target's model folder (or the embedded target's card name), checked "
+        "against the drafter, named in speculators_config.verifier, and the source of a draft "
+        "vocabulary's head rows (lm_head.weight), which vLLM needs. Default: the embedded target when "
+        "the drafter was trained on it",
+    )
+    ap.add_argument(
+        "--verifier_name",
+        help="the name recorded as speculators_config.verifier.name_or_path (e.g. a hub id) instead of "
+        "the --verifier folder's path",
+    )
+    ap.add_argument(
         "--dtype",
         choices=["float32", "bfloat16"],
         help="cast the weights (integer tensors such as a draft vocabulary's ids stay as they are)",
@@ -80,14 +92,49 @@ def export(argv: list[str]) -> None:
         dtype = getattr(torch, args.dtype)
         for tensors in (folder.state, folder.aux):
             tensors.update({k: v.to(dtype) for k, v in tensors.items() if v.is_floating_point()})
+    verifier = export_verifier(folder, args) if args.layout == "speculators" else None
     try:
-        config, state = layout_files(folder, args.layout)  # a layout that cannot hold it: nothing removed
+        # a layout that cannot hold it: nothing removed
+        config, state = layout_files(folder, args.layout, verifier)
     except ValueError as e:
         raise InputError(f"--layout {args.layout}: {e}") from None
+    cfg = folder.config
+    mixed = cfg.causal_block_layers and len(cfg.causal_block_layers) < cfg.num_layers
+    if args.layout == "speculators" and mixed:
+        print(
+            "WARNING: vLLM (0.32; vllm#56692) reads sliding_window_non_causal=false as causal for every "
+            f"layer: this drafter's full-attention layers (all but {cfg.causal_block_layers}) would draft "
+            "with a causal mask there"
+        )
     replace_files(out, stale)
     write_files(out, config, state, args.layout)
     carry_calibration(src, out, cast=bool(args.dtype))
     print(f"wrote {out} ({args.layout} layout, {len(folder.state)} drafter tensors)")
+
+
+def export_verifier(folder, args):
+    """The target a speculators export names (artefacts/verifier.py): --verifier, else the embedded
+    target when the drafter was trained on it; without one, says what the folder lacks."""
+    from spec_drafters.artefacts.verifier import read_verifier
+    from spec_drafters.target.loaders import EmbeddedSmolLM2
+
+    where = args.verifier
+    trained_on = (folder.meta.get("target") or {}).get("name")
+    if where is None and trained_on == EmbeddedSmolLM2.card_name:
+        where = EmbeddedSmolLM2.card_name
+    if where is None:
+        lacks = ""
+        if folder.config.draft_vocab_size:
+            lacks = " and lm_head.weight (vLLM cannot serve its draft vocabulary)"
+        print(
+            f"note: no --verifier: speculators_config.verifier names {trained_on!r} with no architectures"
+            f"{lacks}; pass --verifier TARGET_FOLDER for a folder an engine loads as-is"
+        )
+        return None
+    folder_path = EmbeddedSmolLM2().folder() if where == EmbeddedSmolLM2.card_name else Path(where)
+    verifier = read_verifier(folder_path, args.verifier_name)
+    print(f"verifier: {verifier.name_or_path} ({', '.join(verifier.architectures) or 'no architectures'})")
+    return verifier
 
 
 # --- inspect -----------------------------------------------------------------------------------------
