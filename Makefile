@@ -12,7 +12,7 @@ RUN ?= runs/quickstart
 CONFIG ?= configs/quickstart.yaml
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo verifiers bench test lint clean reference reference-data vllm regenerate-engines
+.PHONY: setup demo verifiers bench test lint clean reference reference-data vllm regenerate-engines serve-eval
 
 setup: $(STAMP)
 
@@ -109,6 +109,12 @@ $(VLLM_VENV)/.installed:
 # The two regenerate engines on 64 reference-corpus prompts, answers compared token by token.
 regenerate-engines: $(STAMP) vllm
 	$(BIN)/python benchmarks/regenerate_engines.py --vllm_venv $(VLLM_VENV) --prompts 64 --name run
+
+# The shipped reference drafter inside vLLM's CPU build: the engine's acceptance counters and speed
+# with and without it, outputs against its plain greedy ones, beside our own decoder (docs/serving.md).
+SERVE_EVAL_PROMPTS ?= 164
+serve-eval: $(STAMP) vllm
+	$(BIN)/python benchmarks/serve_eval.py --vllm_venv $(VLLM_VENV) --humaneval $(SERVE_EVAL_PROMPTS) --name run
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks

@@ -15,7 +15,7 @@ from conftest import tiny_drafter, tiny_target
 from spec_drafters.artefacts.folders import DrafterFolder, read_folder, write_folder
 from spec_drafters.artefacts.verifier import read_verifier
 from spec_drafters.cli.main import main
-from spec_drafters.cli.serve_eval import vllm_python
+from spec_drafters.cli.serve_eval import parse_counters, serve_eval, vllm_python
 from spec_drafters.errors import InputError
 from spec_drafters.model.masks import SlidingWindowMask
 from spec_drafters.target.loaders import TinyRandom
@@ -129,3 +129,35 @@ def test_vllms_own_config_code_reads_the_export_as_trained(tmp_path):
     assert seen["dflash_config"]["target_layer_ids"] == folder.fc_ids
     assert seen["dflash_config"]["mask_token_id"] == folder.config.mask_token_id
     assert seen["dflash_config"]["causal"] is False  # trained non-causal in the block: served so
+
+
+def test_the_engines_counters_are_read_from_prometheus_text():
+    """vLLM's /metrics lines (vllm/v1/spec_decode/metrics.py), summed over engines; other lines ignored."""
+    PER_POS = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+    text = "\n".join(
+        [
+            "# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.",
+            'vllm:spec_decode_num_drafts_total{engine="0",model_name="target"} 16.0',
+            'vllm:spec_decode_num_drafts_total{engine="1",model_name="target"} 4.0',
+            'vllm:spec_decode_num_draft_tokens_total{engine="0",model_name="target"} 140.0',
+            'vllm:spec_decode_num_accepted_tokens_total{engine="0",model_name="target"} 14.0',
+            f'{PER_POS}{{engine="0",model_name="target",position="0"}} 8.0',
+            f'{PER_POS}{{engine="1",model_name="target",position="0"}} 2.0',
+            f'{PER_POS}{{engine="0",model_name="target",position="1"}} 4.0',
+            'vllm:num_requests_running{engine="0",model_name="target"} 0.0',
+        ]
+    )
+    seen = parse_counters(text)
+    assert seen == {
+        "num_drafts": 20.0,
+        "num_draft_tokens": 140.0,
+        "num_accepted_tokens": 14.0,
+        "accepted_at_0": 10.0,
+        "accepted_at_1": 4.0,
+    }
+
+
+def test_serve_eval_without_vllm_says_how_to_get_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPEC_DRAFTERS_VLLM_PYTHON", str(tmp_path / "no-python"))
+    with pytest.raises(InputError, match="make vllm"):
+        serve_eval(["--humaneval", "2", "--out", str(tmp_path / "o"), "--config", "configs/quickstart.yaml"])

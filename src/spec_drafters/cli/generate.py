@@ -104,19 +104,24 @@ class _Rows:
 
 def _texts(args: argparse.Namespace) -> list[str]:
     """The prompts' texts, each checked before anything is loaded."""
-    from spec_drafters.data.prompts import HumanEvalPrompts, JsonlPrompts
-
     if args.prompt:
         for i, text in enumerate(args.prompt):
             if not text:
                 raise InputError(f"--prompt: prompt {i} is empty; decoding needs a prompt")
         return args.prompt
-    if args.prompts:
-        return JsonlPrompts(args.prompts).prompts()
+    return prompt_texts(args.humaneval, args.prompts)
+
+
+def prompt_texts(humaneval: int | None, prompts: str | None) -> list[str]:
+    """``--prompts FILE`` (JSONL) or ``--humaneval N`` (evenly spaced problems), read before any load."""
+    from spec_drafters.data.prompts import HumanEvalPrompts, JsonlPrompts
+
+    if prompts:
+        return JsonlPrompts(prompts).prompts()
     try:
-        chosen = HumanEvalPrompts(args.humaneval)
+        chosen = HumanEvalPrompts(humaneval)
     except ValueError as e:
-        raise InputError(f"--humaneval {args.humaneval}: {e}") from None
+        raise InputError(f"--humaneval {humaneval}: {e}") from None
     return chosen.prompts()
 
 

@@ -63,6 +63,10 @@ COMMANDS: dict[str, Command] = {
         "regenerate:regenerate",
         "answer prompts with the target (chat template, thinking, engine) into token-exact training records",
     ),
+    "serve-eval": Command(
+        "serve_eval:serve_eval",
+        "serve the drafter in vLLM: the engine's acceptance counters and speed, outputs against plain greedy",
+    ),
     "export": Command(
         "tools:export",
         "write a checkpoint or drafter folder in the spec_drafters, zlab or speculators layout",
