@@ -136,3 +136,38 @@ def test_chunked_cap_equals_the_whole_one():
     chunked = _loss_and_grad(cap, 4)
     torch.testing.assert_close(chunked[0], whole[0], rtol=1e-12, atol=0)
     torch.testing.assert_close(chunked[1], whole[1], rtol=1e-10, atol=1e-12)
+
+
+def test_compiled_flex_recompiles_once_per_length_bucket_not_per_length(monkeypatch):
+    """Batches padded to their own maximum vary in length every step; the compiled flex kernel sees
+    lengths padded to power-of-two buckets (flex_bucket), so a run over 12 lengths compiles once per
+    bucket pair and still equals eager. Counted with a backend that records each compile (CPU)."""
+    import torch._dynamo
+
+    from spec_drafters.model import attention
+
+    compiles = []
+
+    def counting(gm, example_inputs):
+        compiles.append(tuple(t.shape for t in example_inputs if isinstance(t, torch.Tensor))[:3])
+        return gm.forward
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(attention, "FLEX_COMPILE", {"cpu": counting})
+    monkeypatch.setattr(attention, "_flex_compiled", {})
+    g = torch.Generator().manual_seed(4)
+    buckets = set()
+    for n_blocks, context in [(2, 10), (3, 17), (4, 30), (5, 41), (6, 60), (7, 64), (9, 70), (12, 80),
+                              (15, 99), (20, 120), (30, 150), (33, 190)]:  # fmt: skip
+        loss_mask = torch.ones((1, context), dtype=torch.long)
+        anchors, ok = UniformAnchors(n_blocks)(loss_mask, 4, g)
+        layout = training_layout(anchors, ok, context, 4, RULES[1])
+        nq, nk = 4 * n_blocks, context + 4 * n_blocks
+        q = torch.randn((1, 4, nq, 8), generator=g)
+        k, v = (torch.randn((1, 2, nk, 8), generator=g) for _ in range(2))
+        with torch.no_grad():
+            got = flex_attention_kernel(q, k, v, layout, 8**-0.5)
+        torch.testing.assert_close(got, eager_attention(q, k, v, layout.dense(), 8**-0.5))
+        buckets.add((attention.flex_bucket(nq), attention.flex_bucket(nk)))
+    torch._dynamo.reset()
+    assert 1 <= len(compiles) <= len(buckets) < 12, (compiles, buckets)

@@ -87,7 +87,66 @@ def split_attention(q, k, v, mask, scale):
     return torch.cat(outs, dim=2)  # (b, h, Q, d)
 
 
-_flex_compiled = None
+#: How flex_attention is compiled per device type: a ``torch.compile`` backend name (or callable), or
+#: None to run it uncompiled (CPU: torch 2.13 has no CPU backward anyway). Tests set a counting backend.
+FLEX_COMPILE: dict[str, object] = {"cuda": "inductor", "cpu": None}
+_flex_compiled: dict = {}
+
+
+def flex_bucket(n: int) -> int:
+    """The padded length a compiled flex call sees: the next power of two, at least one 128-tile.
+
+    The compiled kernel is specialised to its shapes (``dynamic=False``: flex_attention's fast path),
+    and training batches are padded to each batch's own maximum, so without buckets every new length
+    recompiles until dynamo's recompile limit makes it fall back to the slow path. Powers of two bound
+    the compiles at about log2(longest / 128) + 1 per dimension; the padding is masked out, and whole
+    padded tiles are skipped by the block mask, so it costs little.
+    """
+    return max(128, 1 << (n - 1).bit_length())
+
+
+def _rule(mask):
+    """The mask as a flex ``mask_mod``, at the lengths it was built for."""
+    if isinstance(mask, BlockLayout):
+        return mask.mask_mod
+    if mask is not None:  # a dense mask: read it directly
+        dense = mask
+
+        def read(bi, hi, qi, ki):
+            return dense[bi, 0, qi, ki]
+
+        return read
+
+    def every(bi, hi, qi, ki):
+        return qi >= 0
+
+    return every
+
+
+def _bucketed(mask, nq: int, nk: int, q_len: int, k_len: int, device):
+    """The mask as a ``mask_mod`` on lengths padded to ``(q_len, k_len)``, built from tensors whose
+    shapes depend on the buckets only: the compiled kernel guards on the mask_mod's closure, so a
+    Python int or an anchors tensor of the batch's own size there would recompile it every step.
+    Padded keys are never attended; a padded query (sliced off afterwards) attends to key 0 only."""
+    n_q, n_k = torch.tensor(nq, device=device), torch.tensor(nk, device=device)
+    if isinstance(mask, BlockLayout):
+        blocks = -(-q_len // mask.block_size)
+        anchors = F.pad(mask.anchors, (0, blocks - mask.num_blocks))  # (b, blocks), padding blocks 0
+        seq_len = torch.tensor(mask.seq_len, device=device)
+        view = BlockLayout(anchors=anchors, seq_len=seq_len, block_size=mask.block_size, layer=mask.layer)
+        rule = view.mask_mod
+    elif mask is not None:
+        dense = torch.zeros((mask.shape[0], 1, q_len, k_len), dtype=torch.bool, device=device)
+        dense[:, :, :nq, :nk] = mask
+        rule = _rule(dense)
+    else:
+        rule = _rule(None)
+
+    def padded(bi, hi, qi, ki):
+        inside = (qi < n_q) & (ki < n_k)
+        return (inside & rule(bi, hi, qi, ki)) | ((qi >= n_q) & (ki == 0))
+
+    return padded
 
 
 @register("attention", "flex")
@@ -95,33 +154,28 @@ def flex_attention_kernel(q, k, v, mask, scale):
     """torch's flex_attention with a block mask built from the layout's rule (GPU training).
 
     The mask_mod is the layout's own (:meth:`BlockLayout.mask_mod`, the block rule on indices), so
-    tiles with no allowed pair are skipped. Compiled on CUDA (flex_attention's fast path); on CPU it
-    runs uncompiled and forward only in torch 2.13.
+    tiles with no allowed pair are skipped. Compiled where ``FLEX_COMPILE`` says (CUDA: inductor,
+    flex_attention's fast path), with lengths padded to :func:`flex_bucket` so the compiles stay
+    bounded; on CPU it runs uncompiled and forward only in torch 2.13.
     """
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-    global _flex_compiled
     b, h, nq, _ = q.shape
-    if isinstance(mask, BlockLayout):
-        mask_mod = mask.mask_mod
-    elif mask is not None:  # a dense mask: read it directly
-        dense = mask
-
-        def mask_mod(bi, hi, qi, ki):
-            return dense[bi, 0, qi, ki]
-    else:
-
-        def mask_mod(bi, hi, qi, ki):
-            return qi >= 0
-
-    block = create_block_mask(mask_mod, b, None, nq, k.shape[2], device=q.device)
-    fn = flex_attention
-    if q.device.type == "cuda":
-        if _flex_compiled is None:
-            _flex_compiled = torch.compile(flex_attention, dynamic=False)
-        fn = _flex_compiled
+    nk = k.shape[2]
+    backend = FLEX_COMPILE.get(q.device.type)
+    fn, mask_mod = flex_attention, _rule(mask)
+    if backend is not None:
+        if backend not in _flex_compiled:
+            _flex_compiled[backend] = torch.compile(flex_attention, backend=backend, dynamic=False)
+        fn = _flex_compiled[backend]
+        q_len, k_len = flex_bucket(nq), flex_bucket(nk)
+        mask_mod = _bucketed(mask, nq, nk, q_len, k_len, q.device)
+        q = F.pad(q, (0, 0, 0, q_len - nq))  # (b, h, Q, d)
+        k, v = F.pad(k, (0, 0, 0, k_len - nk)), F.pad(v, (0, 0, 0, k_len - nk))  # (b, hk, Kp, d)
+    block = create_block_mask(mask_mod, b, None, q.shape[2], k.shape[2], device=q.device)
     groups = h // k.shape[1]
-    return fn(q, k, v, block_mask=block, scale=scale, enable_gqa=groups > 1)  # (b, h, Q, d)
+    out = fn(q, k, v, block_mask=block, scale=scale, enable_gqa=groups > 1)  # (b, h, Q, d)
+    return out[:, :, :nq]
 
 
 def get_attention(name: str):
