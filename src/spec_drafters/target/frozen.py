@@ -101,6 +101,13 @@ class FrozenTarget(nn.Module):
         cache: object | None = None,
         use_cache: bool = False,
     ) -> TargetOutput:
+        if attention_mask is not None and attention_mask.dim() == 4:
+            kernel = getattr(self.model.config, "_attn_implementation", None) or ""
+            if kernel.startswith("flash"):  # it would read a tree's mask as causal, silently
+                raise ValueError(
+                    f"the target runs attn_implementation={kernel!r}, which takes no 4D mask: tree "
+                    "verification (DDTree) needs 'sdpa' or 'eager' (docs/scale.md#gpu)"
+                )
         taps: dict[int, torch.Tensor] = {}
         handles = [self.base.layers[i].register_forward_hook(_capture(taps, i)) for i in self.tap_ids]
         try:

@@ -273,10 +273,24 @@ def convert_gguf(gguf: Path, out_dir: Path) -> Path:
     return out_dir
 
 
-def _load_folder(path: Path, dtype: torch.dtype) -> tuple[nn.Module, object]:
+#: The target's attention kernels: transformers' names. ``flash_attention_2`` suits training features
+#: (causal) but not tree verification, which passes a 4D mask (FrozenTarget.forward refuses it there).
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager", "flash_attention_2", "flex_attention")
+
+
+def check_attn_implementation(name: str | None) -> None:
+    if name is not None and name not in ATTN_IMPLEMENTATIONS:
+        known = ", ".join(ATTN_IMPLEMENTATIONS)
+        raise ValueError(f"attn_implementation must be one of {known}, got {name!r}")
+
+
+def _load_folder(
+    path: Path, dtype: torch.dtype, attn_implementation: str | None = None
+) -> tuple[nn.Module, object]:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    kernel = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kernel)
     tokenizer = AutoTokenizer.from_pretrained(path)
     return model, tokenizer
 
@@ -287,12 +301,15 @@ class EmbeddedSmolLM2(TargetLoader):
 
     Args:
         dtype: compute dtype; fp32 is the fast one on CPUs without bf16 units.
+        attn_implementation: the target's attention kernel (``sdpa``, transformers' default; ``eager``,
+            ``flash_attention_2``, ``flex_attention``).
     """
 
     card_name = "smollm2-135m-instruct"
 
-    def __init__(self, dtype: str = "float32"):
-        self.dtype = dtype
+    def __init__(self, dtype: str = "float32", attn_implementation: str | None = None):
+        check_attn_implementation(attn_implementation)
+        self.dtype, self.attn_implementation = dtype, attn_implementation
 
     def folder(self) -> Path:
         gguf = find_smollm2_gguf()
@@ -307,7 +324,7 @@ class EmbeddedSmolLM2(TargetLoader):
         return self.card_name
 
     def load(self) -> LoadedTarget:
-        model, tokenizer = _load_folder(self.folder(), _dtype(self.dtype))
+        model, tokenizer = _load_folder(self.folder(), _dtype(self.dtype), self.attn_implementation)
         card = TargetCard.load(self.card_name)
         card.check(model)
         return LoadedTarget(model, TextTokenizer(tokenizer), card)
@@ -326,6 +343,9 @@ class HFPretrained(TargetLoader):
         meta: build the architecture on the meta device without weights or tokenizer (from the
             folder's config.json, or the card's ``hf_config`` when the folder is absent). For checking
             a large experiment's config and shapes on a small machine; such a target cannot run.
+        attn_implementation: the target's attention kernel (``sdpa``, transformers' default; ``eager``,
+            ``flash_attention_2`` on a GPU with flash-attn: training features, not tree verification;
+            ``flex_attention``).
     """
 
     def __init__(
@@ -335,9 +355,11 @@ class HFPretrained(TargetLoader):
         card: str | None = None,
         dtype: str = "float32",
         meta: bool = False,
+        attn_implementation: str | None = None,
     ):
+        check_attn_implementation(attn_implementation)
         self.path, self.mask_token_id, self.card, self.dtype = path, mask_token_id, card, dtype
-        self.meta = meta
+        self.meta, self.attn_implementation = meta, attn_implementation
 
     def identity(self) -> str:
         return TargetCard.load(self.card).name if self.card else Path(self.path).name
@@ -349,7 +371,7 @@ class HFPretrained(TargetLoader):
         elif not folder.is_dir():
             raise MissingFile(f"the target path {self.path!r} is not a folder")
         else:
-            model, tokenizer = _load_folder(folder, _dtype(self.dtype))
+            model, tokenizer = _load_folder(folder, _dtype(self.dtype), self.attn_implementation)
         if self.card:
             card = TargetCard.load(self.card)
         else:
