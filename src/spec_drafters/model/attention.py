@@ -178,5 +178,78 @@ def flex_attention_kernel(q, k, v, mask, scale):
     return out[:, :, :nq]
 
 
+#: The flash-attn function the ``flash`` kernel calls and where: ``flash_attn.flash_attn_varlen_func``
+#: on CUDA where it is installed; tests put a reference of its documented semantics here, on a CPU.
+FLASH_VARLEN = None
+FLASH_DEVICES = ("cuda",)
+_flash_fallback_said = False
+
+
+def _flash_varlen():
+    if FLASH_VARLEN is not None:
+        return FLASH_VARLEN
+    try:
+        from flash_attn import flash_attn_varlen_func
+    except ImportError:
+        return None
+    return flash_attn_varlen_func
+
+
+def _block_keys(layout: BlockLayout, row: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """For each block of batch row ``row``: the keys it may see, packed one block after another
+    (its context prefix ``[0, anchor)``, then its own K keys at ``S + n*K``), as flat key indices of
+    the row, and the cumulative key counts (flash-attn's ``cu_seqlens_k``)."""
+    kk, s = layout.block_size, layout.seq_len
+    anchors = layout.anchors[row]  # (N,)
+    lengths = anchors + kk  # (N,)
+    cu = F.pad(torch.cumsum(lengths, 0), (1, 0))  # (N + 1,)
+    seq = torch.repeat_interleave(torch.arange(len(anchors), device=anchors.device), lengths)  # (T,)
+    p = torch.arange(int(cu[-1]), device=anchors.device) - cu[seq]  # position inside its block's keys
+    own = s + seq * kk + (p - anchors[seq])
+    return torch.where(p < anchors[seq], p, own), cu.to(torch.int32)
+
+
+@register("attention", "flash")
+def flash_attention_kernel(q, k, v, mask, scale):
+    """flash-attn's variable-length kernel (CUDA, fp16/bf16): each block a sequence of its K queries
+    over the keys it may see, so no score of a masked pair is computed or stored.
+
+    A block's keys are its context prefix then its own block (``_block_keys``), and flash-attn aligns
+    query i of a sequence with key ``i + len_k - len_q`` (bottom-right; flash_attn_varlen_func's
+    docstring), i.e. slot s with the context position ``anchor + s``, so the layer's rule is its
+    ``window_size``: a window W keeps keys down to ``anchor + s - (W - 1)`` (left = W - 1; W >= K), a
+    causal block none after slot s (right = 0), else all K (right = K - 1). Masks that are not a
+    training layout (serving's one block) and machines without flash-attn or CUDA use ``split``
+    (said once); the GPU extra installs flash-attn (docs/scale.md#gpu). On CUDA the inputs go in as
+    bf16 unless already half precision, and the output comes back in the input's dtype.
+    """
+    global _flash_fallback_said
+    varlen = _flash_varlen()
+    usable = varlen is not None and q.device.type in FLASH_DEVICES
+    if not isinstance(mask, BlockLayout) or not usable:
+        if not usable and not _flash_fallback_said:
+            print("note: attention 'flash' needs flash-attn on CUDA; using 'split' here")
+            _flash_fallback_said = True
+        return split_attention(q, k, v, mask, scale)
+    kk, layer = mask.block_size, mask.layer
+    left = -1 if layer.window is None else layer.window - 1
+    right = 0 if layer.causal_block else kk - 1
+    half = q.dtype in (torch.float16, torch.bfloat16) or q.device.type != "cuda"
+    dtype = q.dtype if half else torch.bfloat16
+    cu_q = torch.arange(0, (mask.num_blocks + 1) * kk, kk, device=q.device, dtype=torch.int32)  # (N+1,)
+    outs = []
+    for row in range(q.shape[0]):
+        keys, cu_k = _block_keys(mask, row)
+        out = varlen(
+            q[row].transpose(0, 1).to(dtype),  # (N*K, h, d)
+            k[row][:, keys].transpose(0, 1).to(dtype),  # (T, hk, d)
+            v[row][:, keys].transpose(0, 1).to(dtype),
+            cu_q, cu_k, kk, int((cu_k[1:] - cu_k[:-1]).max()),
+            softmax_scale=scale, causal=False, window_size=(left, right),
+        )  # fmt: skip
+        outs.append(out.transpose(0, 1).to(q.dtype))  # (h, N*K, d)
+    return torch.stack(outs)  # (b, h, Q, d)
+
+
 def get_attention(name: str):
     return lookup("attention", name)
