@@ -2,6 +2,7 @@
 per-slot accuracy, tau and the acceptance figure; CSV and TensorBoard selectable instead."""
 
 import csv
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -93,3 +94,48 @@ def test_aim_is_imported_only_when_its_logger_is_built():
     subprocess.run([sys.executable, "-c", code], check=True)
     built = "from spec_drafters.lightning.tracking import RunAimLogger; import sys; RunAimLogger(); "
     subprocess.run([sys.executable, "-c", built + "assert 'aim' in sys.modules"], check=True)
+
+
+SEEN: dict = {}
+
+
+def _spy_class():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from spec_drafters.lightning.callbacks import TrainingThroughput
+
+    class FlopSpy(TrainingThroughput):
+        """TrainingThroughput, also counting a direct forward of the target over the first batch."""
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            if batch_idx == 0:
+                with FlopCounterMode(display=False) as direct:
+                    pl_module.target(batch["input_ids"].to(pl_module.device))
+                SEEN["direct"] = direct.get_total_flops()
+            super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
+
+        def on_before_backward(self, trainer, pl_module, loss):
+            super().on_before_backward(trainer, pl_module, loss)
+            SEEN.setdefault("counted", dict(self.counted))
+            SEEN.setdefault("per_batch", pl_module.flops_per_batch)
+
+    return FlopSpy
+
+
+FlopSpy = _spy_class()
+
+
+def test_throughput_counts_a_steps_flops_and_the_targets_share(tmp_path):
+    """The first batch's forward counted (FlopCounterMode): the frozen target's part is what a direct
+    forward of the target over the same batch counts, and flops_per_batch = target + 3 x the rest."""
+    SEEN.clear()
+    out = tmp_path / "fit.json"
+    main(["fit", "--config", "tests/configs/tiny.yaml", "--trainer.max_steps", "2",
+          "--trainer.default_root_dir", str(tmp_path), "--trainer.callbacks+=test_tracking.FlopSpy",
+          "--results", str(out)])  # fmt: skip
+    counted = SEEN["counted"]
+    assert counted["target_forward"] == SEEN["direct"] > 0 and counted["trained_forward"] > 0
+    assert SEEN["per_batch"] == counted["target_forward"] + 3 * counted["trained_forward"]
+    metrics = json.loads(out.read_text())["metrics"]
+    assert metrics["train/flops_per_batch"] == pytest.approx(SEEN["per_batch"])
+    assert metrics["train/flops_per_s"] > 0 and "train/mfu" not in metrics  # no CPU in Lightning's table

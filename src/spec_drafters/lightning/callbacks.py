@@ -216,8 +216,30 @@ class TrainingThroughput(ThroughputMonitor):
 
     def __init__(self, window_size: int = 100):
         super().__init__(batch_size_fn=count_sequences, length_fn=count_tokens, window_size=window_size)
-        # The module has no flops_per_batch (so no MFU); ThroughputMonitor would say so on every run.
+        # flops_per_batch is set after the first batch (below); until then ThroughputMonitor would say so.
         warnings.filterwarnings("ignore", message=r".*define a `flops_per_batch` attribute")
+        self._counter, self.counted = None, {}
+
+    # FLOPs of a step, counted once: the first batch's forward under torch's FlopCounterMode (it ends
+    # before backward, which CUDA runs on another thread, out of the mode's sight), then the trained
+    # part's counted x3 (backward ~ 2x forward), the frozen target's x1 (no backward). An estimate:
+    # the frozen head's weight gradient, never computed, is counted in the x3.
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
+        if getattr(pl_module, "flops_per_batch", None) is None and self._counter is None:
+            from torch.utils.flop_counter import FlopCounterMode
+
+            self._counter = FlopCounterMode(display=False)
+            self._counter.__enter__()
+
+    def on_before_backward(self, trainer, pl_module, loss) -> None:
+        if self._counter is None:
+            return
+        counter, self._counter = self._counter, None
+        counter.__exit__(None, None, None)
+        frozen = sum(counter.get_flop_counts().get(type(pl_module.target).__name__, {}).values())
+        self.counted = {"target_forward": frozen, "trained_forward": counter.get_total_flops() - frozen}
+        pl_module.flops_per_batch = frozen + 3 * self.counted["trained_forward"]
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
@@ -225,6 +247,22 @@ class TrainingThroughput(ThroughputMonitor):
             totals = self._throughputs[RunningStage.TRAINING].compute()  # since training started
             tokens_per_s = totals["lengths"] * trainer.world_size / totals["time"]
             pl_module.log("train/tokens_per_s", tokens_per_s, rank_zero_only=True)
+            flops = getattr(pl_module, "flops_per_batch", None)
+            if flops:  # the run's rate: every batch's FLOPs over the training wall time
+                flops_per_s = flops * totals["batches"] * trainer.world_size / totals["time"]
+                pl_module.log("train/flops_per_batch", float(flops), rank_zero_only=True)
+                pl_module.log("train/flops_per_s", flops_per_s, rank_zero_only=True)
+                peak = self._available_flops(trainer)
+                if peak:  # Lightning's table of devices' peak FLOPs at the run's precision
+                    pl_module.log("train/mfu", flops_per_s / trainer.world_size / peak, rank_zero_only=True)
+
+    @staticmethod
+    def _available_flops(trainer) -> float | None:
+        from lightning.fabric.utilities.throughput import get_available_flops
+
+        if trainer.strategy.root_device.type != "cuda":
+            return None  # CPUs are not in Lightning's table
+        return get_available_flops(trainer.strategy.root_device, trainer.precision_plugin.compute_dtype)
 
 
 class RunProgressBar(RichProgressBar):
