@@ -12,12 +12,13 @@ import torch
 CLI = str(Path(sys.executable).parent / "spec-drafters")
 
 
-def _fit(root: Path, *extra: str) -> None:
+def _fit(root: Path, *extra: str) -> str:
     cmd = [CLI, "fit", "--config", "tests/configs/tiny.yaml", "--trainer.max_steps", "5",
            "--trainer.logger", "CSVLogger", "--trainer.logger.save_dir", str(root),
            "--trainer.callbacks.dirpath", str(root / "ckpt"), *extra]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
 
 
 def _losses(root: Path) -> list[float]:
@@ -59,3 +60,18 @@ def test_validate_under_fsdp2_loads_the_checkpoint_and_reports(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     metrics = json.loads(out.read_text())["metrics"]
     assert metrics["val/tau"] >= 1.0 and 0 < metrics["val/loss"] < 20
+
+
+def test_the_target_loaded_once_reaches_every_rank(tmp_path):
+    """load_target_once: rank 1 builds the target on the meta device and receives it from rank 0
+    after sharding (whole where replicated, its shards with shard_target): the same losses as one
+    process on the same global batch."""
+    _fit(tmp_path / "one", "--data.batch_size", "4")
+    one = _losses(tmp_path / "one")
+    for shard in ("false", "true"):
+        out = _fit(tmp_path / shard, "--config", "configs/presets/fsdp2_cpu.yaml", "--data.batch_size", "2",
+                   "--model.load_target_once", "true", "--model.shard_target", shard)  # fmt: skip
+        assert "received from rank 0 (built on meta here)" in out, out[-2000:]
+        assert "rank 1: the target's" in out and "rank 0: the target's" not in out
+        for step, (a, b) in enumerate(zip(one, _losses(tmp_path / shard), strict=True)):
+            assert abs(a - b) < 1e-5 * abs(a), (shard, step, a, b)

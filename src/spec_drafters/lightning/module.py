@@ -8,6 +8,7 @@ hooks.
 from __future__ import annotations
 
 import contextlib
+import os
 import warnings
 from dataclasses import replace
 from pathlib import Path
@@ -24,7 +25,7 @@ from spec_drafters.decode.verifiers import GreedyChain, Verifier
 from spec_drafters.errors import ArgumentError, argument
 from spec_drafters.lightning.metrics import OfflineAcceptance
 from spec_drafters.lightning.schedule import WarmupCosine, default_optimizer
-from spec_drafters.lightning.sharding import shard_fsdp2
+from spec_drafters.lightning.sharding import receive_target, shard_fsdp2, target_tensors
 from spec_drafters.lightning.tracking import log_validation
 from spec_drafters.model.drafter import DFlashDrafter, DrafterConfig
 from spec_drafters.model.masks import DFlashBlockMask, DrafterMask
@@ -86,6 +87,10 @@ class DFlashModule(pl.LightningModule):
         shard_target: under FSDP2 (``ModelParallelStrategy``), also shard the frozen target's decoder
             layers over the ranks (its embedding, final norm and head stay whole on every rank, since
             the drafter reads them outside the target's forward). Default: replicate the target.
+        load_target_once: only the first process of each node loads the target's weights; the others
+            build it on the meta device and receive each tensor from global rank 0 after sharding
+            (their share of it with ``shard_target``), so a node's host memory holds one copy at
+            start-up, not one per GPU (lightning/sharding.py). Under FSDP2 only.
         lr: peak learning rate of the default optimizer (the released drafters used 6e-4); > 0.
         weight_decay: weight decay of the default optimizer; >= 0.
         warmup_fraction: the default schedule's linear warmup, as a fraction of all steps (0..1).
@@ -119,6 +124,7 @@ class DFlashModule(pl.LightningModule):
         loss_chunk_rows: int | None = None,
         activation_checkpointing: bool = False,
         shard_target: bool = False,
+        load_target_once: bool = False,
         lr: float = 6e-4,
         weight_decay: float = 0.0,
         warmup_fraction: float = 0.04,
@@ -139,6 +145,8 @@ class DFlashModule(pl.LightningModule):
         self.injection, self.verifier, self.draft_vocab = injection, verifier, draft_vocab
         self.target_source, self.val_target_source = target_source, val_target_source
         self.noise, self.loss_fn, self.mask, self.anchors = noise, loss, mask, anchors
+        # A process Lightning (or torchrun) started for another device of this node: LOCAL_RANK > 0.
+        self._target_deferred = load_target_once and int(os.environ.get("LOCAL_RANK", "0")) > 0
         self._wire_target(target)
         self._wire_drafter(drafter, init_from)
         if val_anchors < 1:
@@ -166,7 +174,7 @@ class DFlashModule(pl.LightningModule):
     def _wire_target(self, target: TargetLoader) -> None:
         """Loads the target and checks that the chosen components fit it and each other."""
         with argument("target"):
-            loaded = target.load()
+            loaded = target.structure() if self._target_deferred else target.load()
         self.tokenizer, self.card = loaded.tokenizer, loaded.card
         self.vocab_size = loaded.model.get_output_embeddings().weight.shape[0]
         sources = {"target_source": self.target_source, "val_target_source": self.val_target_source}
@@ -183,7 +191,8 @@ class DFlashModule(pl.LightningModule):
             draft_ids = draft_vocab_ids(self.draft_vocab, self.vocab_size, init_from)
         if draft_ids is not None:
             cfg = replace(cfg, draft_vocab_size=len(draft_ids))
-        on_meta = self.target.embed_tokens.weight.is_meta  # a config check: no weights anywhere
+        # a config check (no weights anywhere), not a rank waiting for the target's weights
+        on_meta = self.target.embed_tokens.weight.is_meta and not self._target_deferred
         with torch.device("meta") if on_meta else contextlib.nullcontext():
             self.drafter = DFlashDrafter(cfg)
             self.loss_fn.bind(cfg.hidden_size)
@@ -303,7 +312,11 @@ class DFlashModule(pl.LightningModule):
     def configure_model(self) -> None:
         """FSDP2 under Lightning's ``ModelParallelStrategy`` (sharding.py); nothing without a mesh."""
         if self.device_mesh is not None and not getattr(self, "_sharded", False):
+            once = self.hparams.get("load_target_once", False)
+            source = target_tensors(self.target.model) if once else None
             shard_fsdp2(self.drafter, self.loss_fn, self.target, self.device_mesh, self.hparams.shard_target)
+            if source is not None:
+                receive_target(self.target.model, source, self.trainer.strategy.root_device)
             self._sharded = True
 
     # --- optimisation -----------------------------------------------------------------------------

@@ -184,6 +184,12 @@ class TargetLoader:
     def load(self) -> LoadedTarget:
         raise NotImplementedError
 
+    def structure(self) -> LoadedTarget:
+        """The target's architecture, tokenizer and card with its weights on the meta device, for a
+        rank that receives them from rank 0 (``load_target_once``, lightning/sharding.py). Default:
+        the whole load (loaders whose weights cost nothing to make)."""
+        return self.load()
+
     def identity(self) -> str | None:
         """The card name ``load`` will give, when it is known without loading anything (None: only
         loading tells). A checkpoint's target is checked against it before the target is loaded."""
@@ -329,6 +335,15 @@ class EmbeddedSmolLM2(TargetLoader):
         card.check(model)
         return LoadedTarget(model, TextTokenizer(tokenizer), card)
 
+    def structure(self) -> LoadedTarget:
+        from transformers import AutoTokenizer
+
+        folder = self.folder()
+        model = _build_on_meta(folder, self.card_name, _dtype(self.dtype), self.attn_implementation)
+        card = TargetCard.load(self.card_name)
+        card.check(model)
+        return LoadedTarget(model, TextTokenizer(AutoTokenizer.from_pretrained(folder)), card)
+
 
 @register("target", "hf_pretrained")
 class HFPretrained(TargetLoader):
@@ -372,6 +387,18 @@ class HFPretrained(TargetLoader):
             raise MissingFile(f"the target path {self.path!r} is not a folder")
         else:
             model, tokenizer = _load_folder(folder, _dtype(self.dtype), self.attn_implementation)
+        return self._loaded(folder, model, tokenizer)
+
+    def structure(self) -> LoadedTarget:
+        from transformers import AutoTokenizer
+
+        folder = Path(self.path)
+        if self.meta or not folder.is_dir():
+            return self.load()  # the meta build, or the load's own refusal
+        model = _build_on_meta(folder, self.card, _dtype(self.dtype), self.attn_implementation)
+        return self._loaded(folder, model, AutoTokenizer.from_pretrained(folder))
+
+    def _loaded(self, folder: Path, model: nn.Module, tokenizer) -> LoadedTarget:
         if self.card:
             card = TargetCard.load(self.card)
         else:
@@ -384,7 +411,9 @@ class HFPretrained(TargetLoader):
         return LoadedTarget(model, None if tokenizer is None else TextTokenizer(tokenizer), card)
 
 
-def _build_on_meta(folder: Path, card_name: str | None, dtype: torch.dtype) -> nn.Module:
+def _build_on_meta(
+    folder: Path, card_name: str | None, dtype: torch.dtype, attn_implementation: str | None = None
+) -> nn.Module:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     if (folder / "config.json").is_file():
@@ -397,8 +426,9 @@ def _build_on_meta(folder: Path, card_name: str | None, dtype: torch.dtype) -> n
             f"no config.json in {str(folder)!r} and no hf_config in the card: nothing to build the target "
             "on the meta device from"
         )
+    kernel = {"attn_implementation": attn_implementation} if attn_implementation else {}
     with torch.device("meta"):
-        return AutoModelForCausalLM.from_config(config, dtype=dtype)
+        return AutoModelForCausalLM.from_config(config, dtype=dtype, **kernel)
 
 
 def _card_from_model(name: str, model: nn.Module, mask_token_id: int) -> TargetCard:
@@ -473,6 +503,12 @@ class TinyRandom(TargetLoader):
         return TextTokenizer(hf), len(hf), None, hf.eos_token_id, mask
 
     def load(self) -> LoadedTarget:
+        return self._build(meta=False)
+
+    def structure(self) -> LoadedTarget:
+        return self._build(meta=True)
+
+    def _build(self, meta: bool) -> LoadedTarget:
         from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
 
         tok, vocab_size, bos_id, eos_id, mask_id = self.tokenizer()
@@ -493,7 +529,7 @@ class TinyRandom(TargetLoader):
             config = _hybrid_config(common, self.hidden_size // self.num_heads)
         else:
             config = Qwen3Config(**common) if self.architecture == "qwen3" else LlamaConfig(**common)
-        with torch.random.fork_rng(devices=[]):
+        with torch.random.fork_rng(devices=[]), torch.device("meta") if meta else contextlib.nullcontext():
             torch.manual_seed(self.seed)
             model = AutoModelForCausalLM.from_config(config, dtype=_dtype(self.dtype))
             # HF's 0.02 init gives near-uniform logits; a larger spread makes the greedy path less tie-prone.
