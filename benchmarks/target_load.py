@@ -3,8 +3,11 @@
 (configs/presets/fsdp2_cpu.yaml), in one run (issue 33; docs/scale.md#gpu).
 
 The target is a mid-size random model (TinyRandom qwen3: 24 layers, hidden 1024, 16/8 heads, about
-0.23B parameters, 0.9 GB in fp32) so that its weights dominate a process's memory. Each fit runs 2
-steps of tests/configs/tiny.yaml; every 0.2 s the script reads each process's VmHWM (the kernel's
+0.23B parameters, 0.84 GiB in fp32) so that its weights dominate a process's memory. Each run is a
+`fit` of tests/configs/tiny.yaml with max_steps 0: the start-up only (target built, drafter built,
+both sharded, the target's weights in place), which is what host memory holds on a GPU machine (there
+training runs on the device; on this CPU the device is host memory too, so training steps would add
+their own peak to both modes alike). Every 0.2 s the script reads each process's VmHWM (the kernel's
 peak resident set, monotone) from /proc, so the last reading is the process's peak. Prints a table
 and one JSON line, appended to results/target_load.jsonl.
 
@@ -45,9 +48,9 @@ def tree(pid: int) -> list[int]:
 def run(name: str, extra: list[str], root: Path) -> dict:
     exe = str(Path(sys.executable).with_name("spec-drafters"))
     cmd = [exe, "fit", "--config", "tests/configs/tiny.yaml", "--config", "configs/presets/fsdp2_cpu.yaml",
-           "--trainer.max_steps", "2", "--data.batch_size", "2", "--model.shard_target", "true",
-           "--trainer.logger", "false", "--trainer.callbacks.dirpath", str(root / name),
-           *TARGET, *extra]  # fmt: skip
+           "--trainer.max_steps", "0", "--data.batch_size", "2", "--model.shard_target", "true",
+           "--trainer.logger", "false", "--trainer.callbacks", "[]",
+           "--trainer.enable_checkpointing", "false", *TARGET, *extra]  # fmt: skip
     print("+", " ".join(cmd[1:]), file=sys.stderr)
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     peaks: dict[int, float] = {}
