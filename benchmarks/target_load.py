@@ -50,7 +50,8 @@ def run(name: str, extra: list[str], root: Path) -> dict:
     cmd = [exe, "fit", "--config", "tests/configs/tiny.yaml", "--config", "configs/presets/fsdp2_cpu.yaml",
            "--trainer.max_steps", "0", "--data.batch_size", "2", "--model.shard_target", "true",
            "--trainer.logger", "false", "--trainer.callbacks", "[]",
-           "--trainer.enable_checkpointing", "false", *TARGET, *extra]  # fmt: skip
+           "--trainer.enable_checkpointing", "false", "--trainer.default_root_dir", str(root / name),
+           *TARGET, *extra]  # fmt: skip
     print("+", " ".join(cmd[1:]), file=sys.stderr)
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     peaks: dict[int, float] = {}
