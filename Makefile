@@ -12,7 +12,7 @@ RUN ?= runs/quickstart
 CONFIG ?= configs/quickstart.yaml
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo verifiers bench test lint clean reference reference-data vllm regenerate-engines serve-eval
+.PHONY: setup demo verifiers bench test lint clean reference reference-data vllm regenerate-engines serve-eval gpu-check
 
 setup: $(STAMP)
 
@@ -115,6 +115,11 @@ regenerate-engines: $(STAMP) vllm
 SERVE_EVAL_PROMPTS ?= 164
 serve-eval: $(STAMP) vllm
 	$(BIN)/python benchmarks/serve_eval.py --vllm_venv $(VLLM_VENV) --humaneval $(SERVE_EVAL_PROMPTS) --name run
+
+# The GPU path in one command (docs/scale.md#gpu): fit steps per attention kernel on the tiny hybrid
+# target, export read back (and by vLLM's config code), serve-eval where vLLM is installed; one JSON line.
+gpu-check: $(STAMP)
+	$(BIN)/python benchmarks/gpu_check.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests benchmarks
