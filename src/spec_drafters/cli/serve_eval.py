@@ -62,6 +62,11 @@ def serve_eval_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max_tokens", type=int, default=64, help="new tokens per prompt at most")
     ap.add_argument("--out", required=True, help="folder for the export, the server logs and serve_eval.json")
     ap.add_argument("--verifier", help="the target's model folder (default: the embedded target's)")
+    ap.add_argument(
+        "--folder",
+        help="serve this drafter folder as it is written (someone's export, a hand-edited one) instead of "
+        "exporting the config's drafter; our own decoder still decodes the config's drafter",
+    )
     ap.add_argument("--verifier_name", help=argparse.SUPPRESS)  # export's; not recorded here
     ap.add_argument("--vllm_python", help="vLLM's Python (default: $SPEC_DRAFTERS_VLLM_PYTHON or .vllm-venv)")
     ap.add_argument("--port", type=int, default=8021)
@@ -95,16 +100,18 @@ def serve_eval(argv: list[str]) -> None:
     verifier = export_verifier(folder, args)
     if verifier is None:
         raise InputError("serve-eval: name the target's model folder with --verifier")
-    write_files(out / "drafter", *layout_files(folder, "speculators", verifier), "speculators")
-    probe = run_probe(python, out / "drafter", out)
-    print(f"vLLM reads {out / 'drafter'} as {json.dumps(probe['speculative_config'])}")
+    served = Path(args.folder) if args.folder else out / "drafter"
+    if not args.folder:
+        write_files(served, *layout_files(folder, "speculators", verifier), "speculators")
+    probe = run_probe(python, served, out)
+    print(f"vLLM reads {served} as {json.dumps(probe['speculative_config'])}: {probe['dflash_config']}")
     prompts = [module.tokenizer.encode(t) for t in texts]
-    served = {}
+    runs = {}
     for name, speculative in (("plain", None), ("dflash", probe["speculative_config"])):
         with VllmServer(python, str(verifier.folder), args, out / f"vllm-{name}.log", speculative) as server:
-            served[name] = server.run(prompts, module, args)
+            runs[name] = server.run(prompts, module, args)
     own = None if args.no_own else own_decoder(module, prompts, args.max_tokens)
-    report = summary(served, own, probe, args, len(prompts), module.card.name)
+    report = summary(runs, own, probe, args, len(prompts), module.card.name)
     (out / "serve_eval.json").write_text(json.dumps(report, indent=2) + "\n")
     print(table(report))
     print(json.dumps(report["summary"]))
@@ -231,6 +238,7 @@ def summary(served: dict, own: dict | None, probe: dict, args, n: int, target: s
     same = sum(a == b for a, b in zip(spec["outputs"], plain["outputs"], strict=True))
     row = {
         "target": target,
+        "drafter": args.folder or "the config's, exported",
         "prompts": n,
         "max_tokens": args.max_tokens,
         "concurrency": args.concurrency,
