@@ -11,8 +11,9 @@ Runs, with OMP_NUM_THREADS=1,
 
 (export with no hand edits, vLLM's config probe, a plain and a DFlash server one after the other, our
 own decoder last), then prints the table and appends one line to results/serve_eval.jsonl. The run's
-folder keeps serve_eval.json (every output), the exported drafter's config.json (its weights are the
-shipped folder's, not committed twice) and the command.
+folder keeps serve_eval.json (every output), the served drafter's config.json (its weights are the
+shipped folder's, not committed twice) and the command. ``--folder DIR`` serves a folder as written
+(e.g. a copy of the export with one field changed), ``--no_own`` skips our decoder.
 
     python benchmarks/serve_eval.py --vllm_venv .vllm-venv --humaneval 164 --name run
 """
@@ -39,6 +40,8 @@ def main() -> None:
     ap.add_argument("--max_tokens", type=int, default=64)
     ap.add_argument("--port", type=int, default=8021)
     ap.add_argument("--name", default="run")
+    ap.add_argument("--folder", help="serve-eval --folder: serve this drafter folder as written")
+    ap.add_argument("--no_own", action="store_true", help="serve-eval --no_own: skip our own decoder")
     args = ap.parse_args()
     folder = RESULTS / "serve_eval" / args.name
     if folder.exists():
@@ -50,11 +53,14 @@ def main() -> None:
            "--max_tokens", str(args.max_tokens), "--val_results", "benchmarks/results/demo/reference.json",
            "--vllm_python", str(Path(args.vllm_venv) / "bin" / "python"), "--port", str(args.port),
            "--out", str(work)]  # fmt: skip
+    cmd += ["--folder", args.folder] if args.folder else []
+    cmd += ["--no_own"] if args.no_own else []
     print("+", " ".join(cmd), file=sys.stderr)
     subprocess.run(cmd, check=True, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
     folder.mkdir(parents=True)
     shutil.copyfile(work / "serve_eval.json", folder / "serve_eval.json")
-    shutil.copyfile(work / "drafter" / "config.json", folder / "drafter_config.json")
+    served = Path(args.folder) if args.folder else work / "drafter"
+    shutil.copyfile(served / "config.json", folder / "drafter_config.json")
     (folder / "run.txt").write_text(" ".join(cmd[1:]) + "\n")
     summary = json.loads((folder / "serve_eval.json").read_text())["summary"]
     record("serve_eval", [], {**summary, "folder": str(folder.relative_to(ROOT))})
