@@ -94,6 +94,7 @@ def serve_eval(argv: list[str]) -> None:
     if python is None or not Path(python).is_file():
         raise InputError("vLLM's environment not found: `make vllm` builds .vllm-venv (or --vllm_python)")
     out = out_folder(Path(args.out))
+    out.mkdir(parents=True, exist_ok=True)  # the logs go there also when --folder is served as is
     texts = prompt_texts(args.humaneval, args.prompts)
     module = load_module(rest)
     folder = folder_from_module(module)
