@@ -47,3 +47,18 @@ def test_a_forbidden_import_breaks_the_contract(tmp_path, module, line, contract
     assert out.returncode != 0
     broken = out.stdout.split("Broken contracts", 1)[-1]  # the section naming each broken contract
     assert contract in broken, out.stdout
+
+
+def test_the_target_subpackage_is_seen_where_a_global_ignore_has_target(tmp_path):
+    """Global ignore templates (PyBuilder, Rust, Maven) ignore ``target/``; the repository's .gitignore
+    negates it for src/spec_drafters/target/, so git (and ruff, which reads the same files) still sees
+    a new module there. Without the negation ``check-ignore`` says ignored (exit 0)."""
+    if shutil.which("git") is None or not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    excludes = tmp_path / "global_ignore"
+    excludes.write_text("target/\n")
+    check = ["git", "-c", f"core.excludesFile={excludes}", "check-ignore", "-q", "--no-index"]
+    new = subprocess.run([*check, "src/spec_drafters/target/new_module.py"], cwd=ROOT)
+    assert new.returncode == 1  # not ignored
+    other = subprocess.run([*check, "elsewhere/target/x.py"], cwd=ROOT)
+    assert other.returncode == 0  # the global rule itself still applies elsewhere
