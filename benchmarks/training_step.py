@@ -52,9 +52,10 @@ def dense_gib(n: int, k: int, s: int) -> float:
 
 
 def attention_step(backend: str, n: int, k: int, s: int, repeats: int) -> dict:
+    from spec_drafters.model.blocks import build_blocks
     from spec_drafters.model.drafter import DFlashDrafter, DrafterConfig
     from spec_drafters.model.masks import training_layout
-    from spec_drafters.train.anchors import UniformAnchors, build_blocks
+    from spec_drafters.train.anchors import UniformAnchors
 
     cfg = DrafterConfig(num_layers=1, block_size=k, attention=backend).resolved(_Smol, TAPS, mask_token_id=16)
     torch.manual_seed(0)
@@ -80,9 +81,10 @@ def attention_step(backend: str, n: int, k: int, s: int, repeats: int) -> dict:
 def full_step(backend: str, n: int, k: int, s: int, repeats: int, train: bool = True) -> dict:
     """Our whole step as the module runs it: drafter, frozen tied head on the supervised slots only,
     hard CE with slot weights, backward (``train=False``: forward and loss under no_grad)."""
+    from spec_drafters.model.blocks import build_blocks
     from spec_drafters.model.drafter import DFlashDrafter, DrafterConfig
     from spec_drafters.model.masks import training_layout
-    from spec_drafters.train.anchors import UniformAnchors, build_blocks
+    from spec_drafters.train.anchors import UniformAnchors
     from spec_drafters.train.losses import HardCE, SlotBatch
 
     cfg = DrafterConfig(num_layers=1, block_size=k, attention=backend).resolved(_Smol, TAPS, mask_token_id=16)

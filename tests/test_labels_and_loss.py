@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from spec_drafters.train.anchors import UniformAnchors, block_labels, build_blocks
+from spec_drafters.model.blocks import build_blocks
+from spec_drafters.train.anchors import UniformAnchors, block_labels
 from spec_drafters.train.losses import (
     CAP,
     CEKLBlend,

@@ -10,9 +10,9 @@ import torch
 
 from conftest import tiny_drafter, tiny_target
 from spec_drafters.model.attention import eager_attention, sdpa_attention
+from spec_drafters.model.blocks import build_blocks
 from spec_drafters.model.drafter import ContextCache
 from spec_drafters.model.masks import CausalBlockMask, DFlashBlockMask, SlidingWindowMask, training_mask
-from spec_drafters.train.anchors import build_blocks
 
 
 def layer_masks(drafter, anchors, valid, s, k):

@@ -44,12 +44,12 @@ from spec_drafters.decode.acceptance import accepted_nodes
 from spec_drafters.decode.lookup import graft, lookup_continuation
 from spec_drafters.decode.sampling import GREEDY, Sampling, chain_accept, draw, tree_accept
 from spec_drafters.decode.verifiers import Verifier
+from spec_drafters.model.blocks import build_blocks
 from spec_drafters.model.drafter import ContextCache, DFlashDrafter
 from spec_drafters.model.kernels import packed_linears as _packed
 from spec_drafters.model.tree import DraftTree
 from spec_drafters.target.features import fc_input
 from spec_drafters.target.frozen import FrozenTarget, crop_cache, keep_layer
-from spec_drafters.train.anchors import build_blocks
 
 
 @dataclass

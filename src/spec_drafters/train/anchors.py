@@ -72,16 +72,6 @@ class UniformAnchors(AnchorSampler):
         return anchors, valid.gather(1, order)
 
 
-def build_blocks(input_ids: torch.Tensor, anchors: torch.Tensor, block_size: int, mask_token_id: int):
-    """-> block ids (b, N*K) = [anchor token, MASK...] per block, and their positions (b, N*K)."""
-    b, n = anchors.shape
-    offsets = torch.arange(block_size, device=anchors.device)  # (K,)
-    positions = anchors[:, :, None] + offsets  # (b, N, K)
-    ids = torch.full((b, n, block_size), mask_token_id, dtype=input_ids.dtype, device=input_ids.device)
-    ids[:, :, 0] = input_ids.gather(1, anchors)  # (b, N)
-    return ids.view(b, n * block_size), positions.view(b, n * block_size)
-
-
 def block_labels(labels, label_valid, loss_mask, anchors, anchor_valid, block_size: int):
     """Slot k of anchor p gets the label of p + k. -> labels (b, N, K), valid (b, N, K); slot 0 invalid."""
     b, s = labels.shape

@@ -13,12 +13,13 @@ from dataclasses import dataclass
 
 import torch
 
+from spec_drafters.model.blocks import build_blocks
 from spec_drafters.model.drafter import DFlashDrafter
 from spec_drafters.model.masks import DrafterMask
 from spec_drafters.target.features import TargetFeatures, cached_features, target_features
 from spec_drafters.target.frozen import FrozenTarget
 from spec_drafters.target.labels import TargetSource
-from spec_drafters.train.anchors import AnchorSampler, block_labels, build_blocks
+from spec_drafters.train.anchors import AnchorSampler, block_labels
 from spec_drafters.train.losses import SlotBatch
 from spec_drafters.train.noise import FeatureNoise
 
