@@ -22,7 +22,6 @@ import argparse
 import importlib.util
 import json
 import math
-import os
 import subprocess
 import sys
 import time
@@ -77,6 +76,8 @@ def fit_steps(out: Path, kernel: str, steps: int, cuda: bool) -> dict:
 def export_check(out: Path, ckpt: str, vllm: str | None) -> dict:
     from spec_drafters.artefacts.folders import read_folder
     from spec_drafters.cli.main import main as cli
+    from spec_drafters.cli.serve_eval import run_probe
+    from spec_drafters.errors import InputError
     from spec_drafters.target.loaders import TinyRandom
 
     target = out / "tiny-target"
@@ -87,10 +88,10 @@ def export_check(out: Path, ckpt: str, vllm: str | None) -> dict:
     back = read_folder(folder, num_target_layers=8)
     row = {"export": "ok", "fc_ids": back.fc_ids}
     if vllm is not None:
-        probe = ROOT / "src" / "spec_drafters" / "cli" / "vllm_probe.py"
-        env = {**os.environ, "VLLM_CACHE_ROOT": str(out / "vllm-cache")}
-        run = subprocess.run([vllm, str(probe), str(folder)], capture_output=True, text=True, env=env)
-        seen = json.loads(run.stdout.strip().splitlines()[-1]) if run.returncode == 0 else {}
+        try:
+            seen = run_probe(vllm, folder, out)
+        except InputError:  # vLLM's config code refused the folder
+            seen = {}
         row["vllm_reads"] = seen.get("dflash_config", {}).get("target_layer_ids") == back.fc_ids
     return row
 

@@ -3,8 +3,6 @@ draft vocabulary's head rows from the verifier folder, the causal flag vLLM read
 by vLLM's own config code where vLLM's environment exists (docs/serving.md)."""
 
 import json
-import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -15,14 +13,13 @@ from conftest import tiny_drafter, tiny_target
 from spec_drafters.artefacts.folders import DrafterFolder, read_folder, write_folder
 from spec_drafters.artefacts.verifier import read_verifier
 from spec_drafters.cli.main import main
-from spec_drafters.cli.serve_eval import parse_counters, serve_eval, vllm_python
+from spec_drafters.cli.serve_eval import parse_counters, run_probe, serve_eval, vllm_python
 from spec_drafters.errors import InputError
 from spec_drafters.model.masks import SlidingWindowMask
 from spec_drafters.target.loaders import TinyRandom
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "registry" / "drafters" / "smollm2-reference"
-PROBE = ROOT / "src" / "spec_drafters" / "cli" / "vllm_probe.py"
 
 
 def vocab_folder(drafter, ids: torch.Tensor) -> DrafterFolder:
@@ -112,12 +109,7 @@ def test_vllms_own_config_code_reads_the_export_as_trained(tmp_path):
             "the export is not checked against vLLM's config parser in this run"
         )
     main(["export", str(SHIPPED), "--out", str(tmp_path / "s"), "--layout", "speculators"])
-    env = {**os.environ, "VLLM_CACHE_ROOT": str(tmp_path / "vllm-cache")}
-    run = subprocess.run(
-        [python, str(PROBE), str(tmp_path / "s")], capture_output=True, text=True, env=env, timeout=300
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    seen = json.loads(run.stdout.strip().splitlines()[-1])
+    seen = run_probe(python, tmp_path / "s", tmp_path)  # vLLM's refusal would raise, with its stderr
     folder = read_folder(SHIPPED)
     config = json.loads((tmp_path / "s" / "config.json").read_text())
     assert seen["verifier"] == config["speculators_config"]["verifier"]["name_or_path"]

@@ -64,8 +64,9 @@ class Verifier:
 
     def head_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """The target head's rows ``ids`` (a copy), from the one tensor that holds the head."""
+        stored = self._files()
         for key in (*_HEAD_KEYS, *_EMBED_KEYS):  # a tied head is stored once, as the embedding
-            file = self._file_of(key)
+            file = stored.get(key)
             if file is not None:
                 with safe_open(str(file), framework="pt") as f:
                     head = f.get_slice(key)
@@ -80,14 +81,14 @@ class Verifier:
             f"{self.folder}: no head weight found (looked for {', '.join((*_HEAD_KEYS, *_EMBED_KEYS))})"
         )
 
-    def _file_of(self, key: str) -> Path | None:
+    def _files(self) -> dict[str, Path]:
+        """Which file holds each weight: the shard index, or the single file's own key list."""
         index = self.folder / "model.safetensors.index.json"
         if index.is_file():
-            name = (read_json(index).get("weight_map") or {}).get(key)
-            return None if name is None else self.folder / name
+            return {k: self.folder / v for k, v in (read_json(index).get("weight_map") or {}).items()}
         single = self.folder / "model.safetensors"
         with safe_open(str(single), framework="pt") as f:
-            return single if key in f.keys() else None  # noqa: SIM118 (safe_open has no __contains__)
+            return dict.fromkeys(f.keys(), single)
 
 
 def read_verifier(folder: str | Path, name: str | None = None) -> Verifier:

@@ -67,7 +67,6 @@ def serve_eval_parser() -> argparse.ArgumentParser:
         help="serve this drafter folder as it is written (someone's export, a hand-edited one) instead of "
         "exporting the config's drafter; our own decoder still decodes the config's drafter",
     )
-    ap.add_argument("--verifier_name", help=argparse.SUPPRESS)  # export's; not recorded here
     ap.add_argument("--vllm_python", help="vLLM's Python (default: $SPEC_DRAFTERS_VLLM_PYTHON or .vllm-venv)")
     ap.add_argument("--port", type=int, default=8021)
     ap.add_argument("--concurrency", type=int, default=1, help="requests in flight (1: one stream, latency)")
@@ -98,7 +97,7 @@ def serve_eval(argv: list[str]) -> None:
     texts = prompt_texts(args.humaneval, args.prompts)
     module = load_module(rest)
     folder = folder_from_module(module)
-    verifier = export_verifier(folder, args)
+    verifier = export_verifier(folder, args.verifier)
     if verifier is None:
         raise InputError("serve-eval: name the target's model folder with --verifier")
     served = Path(args.folder) if args.folder else out / "drafter"
@@ -188,8 +187,8 @@ class VllmServer:
         engine.start(module.target, module.tokenizer, module.card)  # serves this target's tokenizer?
         before = self.counters()
         start = time.perf_counter()
-        ids = [f"{i:012x}" for i in range(len(prompts))]
-        answers = engine.generate(prompts, ids, Settings(args.max_tokens))
+        item_ids = [f"{i:012x}" for i in range(len(prompts))]
+        answers = engine.generate(prompts, item_ids, Settings(args.max_tokens))
         seconds = time.perf_counter() - start
         after = self.counters()
         delta = {k: after.get(k, 0) - before.get(k, 0) for k in after}
@@ -198,7 +197,8 @@ class VllmServer:
 
 
 def parse_counters(text: str) -> dict:
-    """``num_drafts`` etc. and ``accepted_per_pos`` (a list) from Prometheus text."""
+    """``num_drafts``, ``num_draft_tokens``, ``num_accepted_tokens`` and ``accepted_at_<position>``
+    from Prometheus text, each summed over its label sets (engines)."""
     out: dict = {}
     per_pos: dict[int, float] = {}
     for line in text.splitlines():

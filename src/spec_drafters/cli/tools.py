@@ -92,7 +92,9 @@ def export(argv: list[str]) -> None:
         dtype = getattr(torch, args.dtype)
         for tensors in (folder.state, folder.aux):
             tensors.update({k: v.to(dtype) for k, v in tensors.items() if v.is_floating_point()})
-    verifier = export_verifier(folder, args) if args.layout == "speculators" else None
+    verifier = (
+        export_verifier(folder, args.verifier, args.verifier_name) if args.layout == "speculators" else None
+    )
     try:
         # a layout that cannot hold it: nothing removed
         config, state = layout_files(folder, args.layout, verifier)
@@ -112,13 +114,13 @@ def export(argv: list[str]) -> None:
     print(f"wrote {out} ({args.layout} layout, {len(folder.state)} drafter tensors)")
 
 
-def export_verifier(folder, args):
-    """The target a speculators export names (artefacts/verifier.py): --verifier, else the embedded
-    target when the drafter was trained on it; without one, says what the folder lacks."""
+def export_verifier(folder, where: str | None, name: str | None = None):
+    """The target a speculators export names (artefacts/verifier.py): ``where`` (--verifier: a model
+    folder or the embedded target's card name), else the embedded target when the drafter was trained
+    on it; without one, says what the folder lacks. ``name``: --verifier_name."""
     from spec_drafters.artefacts.verifier import read_verifier
     from spec_drafters.target.loaders import EmbeddedSmolLM2
 
-    where = args.verifier
     trained_on = (folder.meta.get("target") or {}).get("name")
     if where is None and trained_on == EmbeddedSmolLM2.card_name:
         where = EmbeddedSmolLM2.card_name
@@ -132,7 +134,7 @@ def export_verifier(folder, args):
         )
         return None
     folder_path = EmbeddedSmolLM2().folder() if where == EmbeddedSmolLM2.card_name else Path(where)
-    verifier = read_verifier(folder_path, args.verifier_name)
+    verifier = read_verifier(folder_path, name)
     print(f"verifier: {verifier.name_or_path} ({', '.join(verifier.architectures) or 'no architectures'})")
     return verifier
 

@@ -52,7 +52,7 @@ def receive_target(model: nn.Module, source: dict[str, torch.Tensor], device: to
         full = (
             torch.empty(held.shape, dtype=held.dtype, device=device)
             if held.is_meta
-            else (held.full_tensor() if isinstance(held, DTensor) else held).detach().to(device)
+            else held.detach().to(device)  # rank 0's loaded tensor (taken before sharding)
         )
         dist.broadcast(full, src=0)
         dst = now[name]
