@@ -42,7 +42,7 @@ def matmul_peak(repeats: int) -> float:
 
 
 def build(records: int, draft_vocab: Path | None):
-    from spec_drafters.cli.main import load_module
+    from spec_drafters.cli.setup_args import load_setup
 
     args = [
         "--config",
@@ -58,7 +58,7 @@ def build(records: int, draft_vocab: Path | None):
         args += ["--model.draft_vocab", "FullVocab"]
     else:
         args += ["--model.draft_vocab.init_args.counts", str(draft_vocab)]
-    module, data = load_module(args, quiet=True, with_data=True)
+    module, data = load_setup(args, quiet=True, with_data=True)
     module.train()
     return module, data
 

@@ -31,12 +31,12 @@ METRICS = ("val/tau", "val/tau_ddtree_b32", "val/acc_slot1", "val/calibration_ec
 
 def held_out_coverage(base: Path, extra: list[str], counts: Path, sizes: list[int]) -> dict[int, float]:
     """Share of the validation labels inside each size's draft vocabulary (1.0 for the whole one)."""
-    from spec_drafters.cli.lightning_cli import load_module
+    from spec_drafters.cli.setup_args import load_setup
     from spec_drafters.data.records import collate
     from spec_drafters.model.vocab import FrequentTokens, count_labels, coverage
 
     with contextlib.chdir(ROOT):  # the configs' paths are the repository root's, as for the fits
-        module, data = load_module([*configs("v6", base), *extra], quiet=True, with_data=True)
+        module, data = load_setup([*configs("v6", base), *extra], quiet=True, with_data=True)
         _, val = data.examples(module.tokenizer)
     held_out = count_labels(collate([ex]) for ex in val)
     vocab = module.target.vocab_size

@@ -40,11 +40,11 @@ class Made:
 
     @functools.cached_property
     def drafter(self) -> Path:
-        from spec_drafters.artefacts.folders import folder_from_module, write_folder
-        from spec_drafters.cli.main import load_module
+        from spec_drafters.artefacts.folders import write_folder
+        from spec_drafters.cli.setup_args import load_setup
 
-        module = load_module(["--config", TINY], quiet=True)
-        return write_folder(folder_from_module(module), self.root / "drafter")
+        setup = load_setup(["--config", TINY], quiet=True)
+        return write_folder(setup.folder(), self.root / "drafter")
 
     @functools.cached_property
     def checkpoint(self) -> Path:

@@ -238,9 +238,9 @@ def test_a_frequent_tokens_checkpoint_evaluates_without_its_counts_file(tmp_path
     # the folder export of it starts a drafter with the same config and no counts file either
     main(["export", str(ckpt), "--out", str(tmp_path / "folder")])
     vocab = ["--model.draft_vocab", "FrequentTokens", "--model.draft_vocab.counts", counts]
-    from spec_drafters.cli.main import load_module
+    from spec_drafters.cli.setup_args import load_setup
 
-    module = load_module(["--config", TINY, *vocab, "--model.draft_vocab.size", "64",
+    module = load_setup(["--config", TINY, *vocab, "--model.draft_vocab.size", "64",
                           "--model.init_from", str(tmp_path / "folder")], quiet=True)  # fmt: skip
     assert torch.equal(module.drafter.draft_ids, trained)
 

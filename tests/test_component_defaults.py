@@ -15,7 +15,10 @@ import typing
 import pytest
 import yaml
 
-from spec_drafters.cli.main import SpecDraftersCLI, check_argv_components, load_module, main
+from spec_drafters.cli.checks import check_argv_components
+from spec_drafters.cli.lightning_cli import SpecDraftersCLI
+from spec_drafters.cli.main import main
+from spec_drafters.cli.setup_args import load_setup
 from spec_drafters.cli.tools import lint_config
 from spec_drafters.lightning.datamodule import TextDataModule
 from spec_drafters.lightning.module import DFlashModule
@@ -116,7 +119,7 @@ def test_component_params_cover_every_kind_the_module_takes():
     }  # fmt: skip
 
 
-# --- every injection class from YAML, built through the CLI parser (load_module, lint) ----------------------
+# --- every injection class from YAML, built through the CLI parser (load_setup, lint) ----------------------
 def tiny_model(injection: dict, num_layers: int = 6) -> dict:
     target = {"class_path": "TinyRandom", "init_args": {"num_layers": num_layers}}
     return {"target": target, "drafter": {"num_layers": 1, "block_size": 4}, "injection": injection}
@@ -141,12 +144,12 @@ def tiny_model(injection: dict, num_layers: int = 6) -> dict:
     ],
 )  # fmt: skip
 def test_every_injection_class_builds_from_yaml(tmp_path, injection, num_layers, fc, taps):
-    module = load_module(["--config", write(tmp_path, tiny_model(injection, num_layers))], quiet=True)
+    module = load_setup(["--config", write(tmp_path, tiny_model(injection, num_layers))], quiet=True)
     assert module.fc_ids == fc and module.target.tap_ids == taps
     # The checkpoint records what the YAML set and the class's own defaults, nothing else.
     own = inspect.signature(component_class(module.injection).__init__).parameters.values()
     own = {p.name: p.default for p in own if p.default not in (None, inspect.Parameter.empty)}
-    recorded = module.hparams["injection"]["init_args"]
+    recorded = module.settings["injection"]["init_args"]
     assert {k: v for k, v in recorded.items() if v is not None} == own | injection.get("init_args", {})
 
 
@@ -212,8 +215,8 @@ def test_recorded_hyperparameters_parse_back_to_the_same_component(tmp_path, par
     model = {"target": {"class_path": "TinyRandom", "init_args": {"num_layers": 8}}}
     model["drafter"] = {"num_layers": 1, "block_size": 4}
     model[param] = [spec] if param == "eval_verifiers" else spec
-    recorded = load_module(["--config", write(tmp_path, model)], quiet=True).hparams[param]
+    recorded = load_setup(["--config", write(tmp_path, model)], quiet=True).settings[param]
     again = {**model, param: recorded}
-    reread = load_module(["--config", write(tmp_path, again, "again.yaml")], quiet=True).hparams[param]
+    reread = load_setup(["--config", write(tmp_path, again, "again.yaml")], quiet=True).settings[param]
     assert reread == recorded
     assert yaml.safe_load(yaml.safe_dump(recorded)) == recorded  # plain data, as a checkpoint keeps it

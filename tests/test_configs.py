@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from spec_drafters.cli.main import SpecDraftersCLI, check_argv_components
+from spec_drafters.cli.checks import check_argv_components
+from spec_drafters.cli.lightning_cli import SpecDraftersCLI
 from spec_drafters.lightning.datamodule import TextDataModule
 from spec_drafters.lightning.module import DFlashModule
 from spec_drafters.target.injection import AllButLast, AllTaps
@@ -212,12 +213,12 @@ def test_reference_eval_overlay_evaluates_the_folder_as_committed(tmp_path):
     vocabulary both come from the folder (here one exported from the reference config with its own
     vocabulary), no counts file, and decoding runs chain + DDTree B=8 + prompt lookup on the prompts
     the quickstart decodes (make demo's last table compares the two on the same decodes)."""
-    from spec_drafters.artefacts.folders import folder_from_module, write_folder
+    from spec_drafters.artefacts.folders import write_folder
 
     trained = reference(tmp_path).model
     with torch.no_grad():
         trained.drafter.fc.weight.normal_()  # weights the untrained config would not have
-    folder = write_folder(folder_from_module(trained), tmp_path / "drafter", "spec_drafters")
+    folder = write_folder(trained.built.folder(), tmp_path / "drafter", "spec_drafters")
     overlay = ["--config", str(CONFIGS / "reference_eval.yaml"), "--model.init_from", str(folder)]
     overlay += ["--model.draft_vocab.init_args.path", str(folder)]
     cli = instantiate("validate", "--config", str(CONFIGS / "reference_smollm2.yaml"), *overlay)
@@ -240,12 +241,12 @@ def test_reference_stage2_overlay_continues_from_the_first_stage_in_a_folder_of_
     """configs/reference_stage2.yaml over the training config: weights from the first stage's export,
     its own schedule, and the first stage's checkpoint callbacks (same order, same settings) writing
     under runs/reference_stage2, so neither stage's resume point or best checkpoint is the other's."""
-    from spec_drafters.artefacts.folders import folder_from_module, write_folder
+    from spec_drafters.artefacts.folders import write_folder
 
     first = reference(tmp_path)
     with torch.no_grad():
         first.model.drafter.fc.weight.normal_()
-    folder = write_folder(folder_from_module(first.model), tmp_path / "stage1", "spec_drafters")
+    folder = write_folder(first.model.built.folder(), tmp_path / "stage1", "spec_drafters")
     counts = first.config["fit"]["model"]["draft_vocab"]["init_args"]["counts"]
     cli = instantiate("fit", "--config", str(CONFIGS / "reference_smollm2.yaml"),
                       "--config", str(CONFIGS / "reference_stage2.yaml"), "--model.init_from", str(folder),
@@ -321,7 +322,7 @@ def test_ablation_recipes():
     built: it reads layer 27 of 30 ("61 of 64") for its labels and keeps it out of fc."""
     import yaml
 
-    from spec_drafters.cli.main import SpecDraftersCLI
+    from spec_drafters.cli.lightning_cli import SpecDraftersCLI
 
     class ParseOnly(SpecDraftersCLI):
         def instantiate_classes(self) -> None:

@@ -82,9 +82,9 @@ def test_a_diverging_fit_stops_within_a_few_steps_and_writes_only_finite_checkpo
 
 @pytest.fixture(scope="module")
 def module():
-    from spec_drafters.cli.main import load_module
+    from spec_drafters.cli.setup_args import load_setup
 
-    return load_module(["--config", TINY], quiet=True)
+    return load_setup(["--config", TINY], quiet=True)
 
 
 def _trainer(tmp: Path, failed_ranks: float = 0.0, world_size: int = 1, step: int = 7):
@@ -187,12 +187,12 @@ def test_lint_flags_an_optimizer_that_cannot_train(tmp_path, capsys):
 
 
 def test_lint_flags_coefficients_that_bypassed_validation(module, monkeypatch):
-    from spec_drafters.artefacts.lint import lint_module
+    from spec_drafters.artefacts.lint import lint_setup
 
     mix = LossMix([HardCE(), TotalVariation()], [0.1, 0.9])
     mix.coefficients = [0.0, 0.0]  # set after the constructor checked them
     monkeypatch.setattr(module, "loss_fn", mix)
-    found = lint_module(module)
+    found = lint_setup(module)
     assert [(f.severity, f.code) for f in found if "LossMix" in f.message] == [
         ("error", "objective-cannot-train")
     ]

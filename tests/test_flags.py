@@ -12,7 +12,8 @@ import pytest
 from jsonargparse import ArgumentParser
 
 from spec_drafters.cli.flags import instantiation_error
-from spec_drafters.cli.main import load_module, main
+from spec_drafters.cli.main import main
+from spec_drafters.cli.setup_args import load_setup
 from spec_drafters.errors import ArgumentError
 
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")
@@ -61,9 +62,7 @@ def test_a_component_inside_a_component_is_named_by_its_full_path():
 
 def test_library_callers_get_the_argument_not_a_flag():
     with pytest.raises(ArgumentError) as raised:
-        load_module(
-            ["--config", "tests/configs/tiny.yaml", "--model.eval_verifiers", json.dumps([ddtree(0)])]
-        )
+        load_setup(["--config", "tests/configs/tiny.yaml", "--model.eval_verifiers", json.dumps([ddtree(0)])])
     assert raised.value.argument == "eval_verifiers[0]"
     assert str(raised.value).endswith("budget must be >= 1, got 0")
 

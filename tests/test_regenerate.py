@@ -92,7 +92,7 @@ def test_regenerate_writes_token_exact_records_that_train(tmp_path, target):
     """regenerate -> cache -> fit -> validate from the CLI, on a tiny chat target (plain and the
     Gated-DeltaNet hybrid): every record's ids are the rendered prompt and the target's own greedy
     answer, the mask on the answer."""
-    from spec_drafters.cli.lightning_cli import load_module
+    from spec_drafters.cli.setup_args import load_setup
     from spec_drafters.decode.generate import greedy_generate
 
     out = tmp_path / "regen"
@@ -101,7 +101,7 @@ def test_regenerate_writes_token_exact_records_that_train(tmp_path, target):
           *target])  # fmt: skip
     records = read_corpus(out)
     assert len(records) == 10 and {r["split"] for r in records} == {"train", "val"}
-    module = load_module(target, quiet=True)
+    module = load_setup(target, quiet=True)
     tok = module.tokenizer
     for r in records[:3]:
         turns = r["messages"][:-1]
@@ -190,9 +190,9 @@ class FakeServer(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def server():
-    from spec_drafters.cli.lightning_cli import load_module
+    from spec_drafters.cli.setup_args import load_setup
 
-    FakeServer.module = load_module(TINY, quiet=True)
+    FakeServer.module = load_setup(TINY, quiet=True)
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), FakeServer)
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{httpd.server_address[1]}"

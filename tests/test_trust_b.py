@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from conftest import tiny_drafter
-from spec_drafters.cli.main import load_module, main
+from spec_drafters.cli.main import main
+from spec_drafters.cli.setup_args import load_setup
 
 TINY = "tests/configs/tiny.yaml"
 
@@ -127,12 +128,12 @@ def test_every_builtin_target_knows_its_name_before_loading():
 
 
 def test_a_flag_the_checkpoint_overrides_is_warned_about_with_both_values(ckpt, recwarn):
-    module = load_module(["--config", TINY, "--ckpt_path", str(ckpt), "--model.drafter.block_size", "8"])
+    module = load_setup(["--config", TINY, "--ckpt_path", str(ckpt), "--model.drafter.block_size", "8"])
     assert module.drafter.config.block_size == 4  # the checkpoint's shape wins, as documented
     (warning,) = [w for w in recwarn if "overridden" in str(w.message)]
     assert "--model.drafter.block_size 8 is overridden by the checkpoint's 4" in str(warning.message)
     recwarn.clear()
-    load_module(["--config", TINY, "--ckpt_path", str(ckpt), "--model.drafter.block_size", "4"])
+    load_setup(["--config", TINY, "--ckpt_path", str(ckpt), "--model.drafter.block_size", "4"])
     assert not [w for w in recwarn if "overridden" in str(w.message)]  # the same value: nothing to say
 
 
@@ -174,7 +175,7 @@ def test_the_decoding_callback_checks_every_prompt_before_decoding_any(tmp_path,
 
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "def f():"}\n' + f'{{"prompt": "{"y" * 4095}"}}\n')
-    module = load_module(["--config", TINY], quiet=True)
+    module = load_setup(["--config", TINY], quiet=True)
     decoded = []
     monkeypatch.setattr(module, "greedy", lambda prompt, n: decoded.append(prompt))
     trainer = SimpleNamespace(

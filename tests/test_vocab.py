@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from conftest import tiny_drafter, tiny_target
-from spec_drafters.artefacts.folders import build_drafter, folder_from_module, read_folder, write_folder
+from spec_drafters.artefacts.folders import build_drafter, read_folder, write_folder
 from spec_drafters.decode.generate import greedy_generate, speculative_generate
 from spec_drafters.decode.verifiers import DDTree, GreedyChain
 from spec_drafters.lightning.module import DFlashModule
@@ -164,7 +164,7 @@ def test_training_skips_and_validation_counts_out_of_vocabulary_labels(vocab_mod
 
 def test_spec_drafters_and_speculators_layouts_keep_the_mapping_zlab_refuses(vocab_module, tmp_path):
     module, _ = vocab_module
-    folder = folder_from_module(module)
+    folder = module.built.folder()
     ids = module.drafter.draft_ids.clone()
     for layout in ("spec_drafters", "speculators"):
         back = read_folder(write_folder(folder, tmp_path / layout, layout), num_target_layers=6)
@@ -181,7 +181,7 @@ def test_build_drafter_reads_a_bf16_folder_with_a_draft_vocabulary(vocab_module,
     """A shipped folder (bf16, as `export --dtype bfloat16` writes) holds the int64 draft_ids beside the
     weights: the drafter keeps the weights' precision and the mapping (it once took draft_ids' dtype)."""
     module, _ = vocab_module
-    folder = folder_from_module(module)
+    folder = module.built.folder()
     folder.state = {k: v.bfloat16() if v.is_floating_point() else v for k, v in folder.state.items()}
     drafter = build_drafter(read_folder(write_folder(folder, tmp_path / "bf16"), num_target_layers=6))
     assert drafter.fc.weight.dtype == torch.bfloat16 and drafter.draft_ids.dtype == torch.long
@@ -194,14 +194,14 @@ def test_build_drafter_reads_a_bf16_folder_with_a_draft_vocabulary(vocab_module,
 
 def test_a_folder_vocabulary_is_the_one_it_was_trained_with(vocab_module, tmp_path):
     module, _ = vocab_module
-    folder = folder_from_module(module)
+    folder = module.built.folder()
     ids = module.drafter.draft_ids.clone()
     for layout in ("spec_drafters", "speculators"):
         path = write_folder(folder, tmp_path / layout, layout)
         assert torch.equal(FolderVocab(str(path)).token_ids(module.vocab_size), ids)
     with pytest.raises(ValueError, match=r"not sorted distinct ids of 0\.\.9"):
         FolderVocab(str(tmp_path / "speculators")).token_ids(10)
-    whole = write_folder(folder_from_module(tiny_module_without_vocab()), tmp_path / "whole", "spec_drafters")
+    whole = write_folder(tiny_module_without_vocab().built.folder(), tmp_path / "whole", "spec_drafters")
     with pytest.raises(ValueError, match="drafts over the whole vocabulary"):
         FolderVocab(str(whole)).token_ids(module.vocab_size)
     with pytest.raises(FileNotFoundError, match=r"no model\.safetensors"):

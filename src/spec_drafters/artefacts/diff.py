@@ -1,8 +1,8 @@
 """``diff``: every architectural and training choice that differs between two drafters or configs.
 
-Plain functions over files (a drafter folder of any layout, a Lightning checkpoint) and over an
-already-built module (any object with ``describe()`` and ``hparams``, such as a DFlashModule); building
-a module from a config file is the CLI's job (``spec-drafters diff``). Also the column labels that
+Plain functions over files (a drafter folder of any layout, a Lightning checkpoint) and over a built
+:class:`~spec_drafters.artefacts.setup.DrafterSetup`; building one from a config file is the CLI's job
+(``spec-drafters diff``, cli/setup_args.py). Also the column labels that
 ``diff`` and ``compare`` share.
 """
 
@@ -13,15 +13,16 @@ from pathlib import Path
 
 from spec_drafters.artefacts.checkpoints import read_checkpoint_file
 from spec_drafters.artefacts.folders import read_config_json, read_folder
+from spec_drafters.artefacts.setup import DrafterSetup
 from spec_drafters.registry import as_config
 
 Row = tuple[str, object, object]  # (choice, value in a, value in b); "-" where one side lacks it
 
 
-def module_choices(module) -> dict:
-    """Every choice of a built module."""
-    hp = {k: as_config(v) for k, v in module.hparams.items()}
-    return _choices(module.describe(), hp)
+def setup_choices(setup: DrafterSetup) -> dict:
+    """Every choice of a built setup."""
+    hp = {k: as_config(v) for k, v in setup.settings.items()}
+    return _choices(setup.describe(), hp)
 
 
 def file_choices(path: str | Path) -> dict:

@@ -390,7 +390,7 @@ def _checkpoint_folder(ckpt: dict, desc: dict) -> DrafterFolder:
     sd = ckpt["state_dict"]
     state = {k[len("drafter.") :]: v for k, v in sd.items() if k.startswith("drafter.")}
     aux = {
-        _aux_name(k): v for k, v in sd.items() if k.startswith("loss_fn.") and k.endswith(("weight", "bias"))
+        aux_name(k): v for k, v in sd.items() if k.startswith("loss_fn.") and k.endswith(("weight", "bias"))
     }
     target = desc["target"]
     vocab = int(target.get("vocab_size") or 0)
@@ -404,7 +404,7 @@ def _checkpoint_folder(ckpt: dict, desc: dict) -> DrafterFolder:
     )
 
 
-def _aux_name(key: str) -> str:
+def aux_name(key: str) -> str:
     # loss_fn.head.weight (CAP) -> confidence_head.weight; other heads keep their path under loss_fn.
     rest = key[len("loss_fn.") :]
     return "confidence_head." + rest.split(".")[-1] if rest.startswith("head.") else rest
@@ -428,20 +428,3 @@ def describe_drafter(
         "drafter": asdict(config),
         "components": {**components, "attention": config.attention},
     }
-
-
-def folder_from_module(module) -> DrafterFolder:
-    """The drafter of a live DFlashModule (weights, config, fc ids, the target's identity)."""
-    desc = module.describe()
-    aux = {_aux_name("loss_fn." + k): v for k, v in module.loss_fn.state_dict().items()}
-    meta = {"target": desc["target"], "components": desc["components"]}
-    return DrafterFolder(
-        module.drafter.config,
-        list(module.fc_ids),
-        module.target.num_layers,
-        module.target.vocab_size,
-        module.drafter.state_dict(),
-        aux,
-        "module",
-        meta,
-    )

@@ -4,8 +4,8 @@ The seeds learned that z-lab's reference used 5 target layers from ``fc.weight``
 from its config (docs/method.md section 1): the shapes are the truth, the config a claim about them.
 
 Plain functions over files (a drafter folder of any layout, a Lightning checkpoint) and over an
-already-built module (any object with ``drafter``, ``loss_fn`` and ``describe()``, such as a
-DFlashModule); building a module from a config file is the CLI's job (``spec-drafters inspect``).
+built :class:`~spec_drafters.artefacts.setup.DrafterSetup`; building one from a config file is the CLI's
+job (``spec-drafters inspect``, cli/setup_args.py).
 """
 
 from __future__ import annotations
@@ -17,16 +17,17 @@ import torch
 
 from spec_drafters.artefacts.checkpoints import read_checkpoint_file
 from spec_drafters.artefacts.folders import read_config_json, read_weights
+from spec_drafters.artefacts.setup import DrafterSetup
 from spec_drafters.errors import InputError
 
 # --- reading a drafter's weights -------------------------------------------------------------------
 
 
-def module_weights(module) -> tuple[dict[str, torch.Tensor], dict]:
-    """(drafter weights with z-lab keys, its description) of a built module; aux heads as ``aux.*``."""
-    weights = dict(module.drafter.state_dict())
-    weights |= {"aux." + k: v for k, v in module.loss_fn.state_dict().items()}
-    return weights, {"spec_drafters": module.describe(), "source": "config (built, not trained)"}
+def setup_weights(setup: DrafterSetup) -> tuple[dict[str, torch.Tensor], dict]:
+    """(drafter weights with z-lab keys, its description) of a built setup; aux heads as ``aux.*``."""
+    weights = dict(setup.drafter.state_dict())
+    weights |= {"aux." + k: v for k, v in setup.loss_fn.state_dict().items()}
+    return weights, {"spec_drafters": setup.describe(), "source": "config (built, not trained)"}
 
 
 def file_weights(path: Path) -> tuple[dict[str, torch.Tensor], dict]:
@@ -112,7 +113,7 @@ def declared(config: dict) -> dict:
 
 
 def _declared_here(config: dict) -> dict:
-    """This project's own description (a spec_drafters folder, a checkpoint, a built module)."""
+    """This project's own description (a spec_drafters folder, a checkpoint, a built setup)."""
     block = config["spec_drafters"]
     d = block.get("drafter", {})
     target = block.get("target", {})
@@ -158,9 +159,9 @@ def inspect_drafter(path: str | Path) -> dict:
     return report(str(path), *file_weights(Path(path)))
 
 
-def inspect_module(module, label: str) -> dict:
-    """The report of a built module (a config's drafter, untrained), labelled ``label``."""
-    return report(label, *module_weights(module))
+def inspect_setup(setup: DrafterSetup, label: str) -> dict:
+    """The report of a built setup (a config's drafter, untrained), labelled ``label``."""
+    return report(label, *setup_weights(setup))
 
 
 def report(label: str, weights: dict[str, torch.Tensor], config: dict) -> dict:

@@ -1,8 +1,8 @@
 """``lint``: known pitfalls of a drafter's setup, before a long run, each with a severity and a one-line why.
 
-Each check reads an already-built module (any object with the DFlashModule's attributes: ``card``,
-``drafter``, ``target``, ``fc_ids``, the components); building it from config files is the CLI's job
-(``spec-drafters lint``). The pitfalls are the seeds' and peers' (docs/method.md sections 1-2, 5).
+Each check reads a built :class:`~spec_drafters.artefacts.setup.DrafterSetup`; building it from config
+files is the CLI's job (``spec-drafters lint``, cli/setup_args.py). The pitfalls are the seeds' and
+peers' (docs/method.md sections 1-2, 5).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from spec_drafters.artefacts.setup import DrafterSetup
 from spec_drafters.target.injection import zlab_layer_ids
 from spec_drafters.target.labels import DatasetTokens, LayerLogits, ModelOutput
 from spec_drafters.train.objective import coefficients_problem, learning_rates_problem, optimizer_problems
@@ -56,40 +57,40 @@ def finding(code: str, *message: str) -> Finding:
     return Finding(CODES[code], code, " ".join(message))
 
 
-def lint_module(module, text_sample: list[str] | None = None) -> list[Finding]:
-    """Known pitfalls of a built module; ``text_sample``: training texts to look for the mask token in."""
+def lint_setup(setup: DrafterSetup, text_sample: list[str] | None = None) -> list[Finding]:
+    """Known pitfalls of a built setup; ``text_sample``: training texts to look for the mask token in."""
     return [
-        *_noise_reaches_labels(module),
-        *_taps_kept_out_of_fc(module),
-        *_label_source(module),
-        *_gamma(module),
-        *_mask_token(module, text_sample),
-        *_ids_plus_one(module),
-        *_mask_rules(module),
-        *_objective(module),
-        *_decoding(module),
+        *_noise_reaches_labels(setup),
+        *_taps_kept_out_of_fc(setup),
+        *_label_source(setup),
+        *_gamma(setup),
+        *_mask_token(setup, text_sample),
+        *_ids_plus_one(setup),
+        *_mask_rules(setup),
+        *_objective(setup),
+        *_decoding(setup),
     ]
 
 
-def _noise_reaches_labels(module) -> list[Finding]:
+def _noise_reaches_labels(setup: DrafterSetup) -> list[Finding]:
     # Noise must only ever touch a copy of the fc input (the seeds' v3 corrupted its labels).
     probe = torch.randn(1, 3, 4, generator=torch.Generator().manual_seed(0))
     before = probe.clone()
-    module.noise(probe, torch.Generator().manual_seed(0))
+    setup.noise(probe, torch.Generator().manual_seed(0))
     if torch.equal(probe, before):
         return []
     return [
         finding(
             "noise-reaches-labels",
-            f"{type(module.noise).__name__} modifies its input in place;",
+            f"{type(setup.noise).__name__} modifies its input in place;",
             "the tensors the labels are read from would carry the noise (the seeds' v3)",
         )
     ]
 
 
-def _taps_kept_out_of_fc(module) -> list[Finding]:
-    card, taps, fc = module.card, module.target.tap_ids, module.fc_ids
-    label_layers = set(module.target_source.layer_ids(card)) | set(module.val_target_source.layer_ids(card))
+def _taps_kept_out_of_fc(setup: DrafterSetup) -> list[Finding]:
+    card, taps, fc = setup.card, setup.target.tap_ids, setup.fc_ids
+    label_layers = set(setup.target_source.layer_ids(card)) | set(setup.val_target_source.layer_ids(card))
     found = []
     for i in sorted(set(taps) - set(fc)):
         why = "only for the labels" if i in label_layers else "and never used"
@@ -103,8 +104,8 @@ def _taps_kept_out_of_fc(module) -> list[Finding]:
     return found
 
 
-def _label_source(module) -> list[Finding]:
-    source, depth = module.target_source, module.card.num_layers
+def _label_source(setup: DrafterSetup) -> list[Finding]:
+    source, depth = setup.target_source, setup.card.num_layers
     if isinstance(source, LayerLogits) and source.resolved_id(depth) != depth - 1:
         return [
             finding(
@@ -129,8 +130,8 @@ def _label_source(module) -> list[Finding]:
     return []
 
 
-def _gamma(module) -> list[Finding]:
-    loss, k = module.loss_fn, module.drafter.config.block_size
+def _gamma(setup: DrafterSetup) -> list[Finding]:
+    loss, k = setup.loss_fn, setup.drafter.config.block_size
     loss = getattr(loss, "main", loss)  # cap wraps the loss whose slots are weighted
     if getattr(loss, "weights", None) is not None:
         return []  # other slot weights (D-PACE): gamma is not used
@@ -156,25 +157,25 @@ def _gamma(module) -> list[Finding]:
     return []
 
 
-def _objective(module) -> list[Finding]:
+def _objective(setup: DrafterSetup) -> list[Finding]:
     """Numbers that parse but cannot train: a loss mix's coefficients, the default optimizer's, and
     the learning rates a chosen optimizer is built with. The constructors refuse what they are given
-    (train/objective.py); this reads a module however it was built, and builds a chosen optimizer,
+    (train/objective.py); this reads a setup however it was built, and builds a chosen optimizer,
     which ``fit`` only does once the target is loaded and the data read."""
     problems = []
-    loss = module.loss_fn
+    loss = setup.loss_fn
     for part in [loss, getattr(loss, "main", None), *getattr(loss, "losses", [])]:
         coefficients = getattr(part, "coefficients", None)
         problem = coefficients_problem(coefficients) if coefficients is not None else None
         if problem:
             problems.append(f"--model.loss ({type(part).__name__}): {problem}")
-    hp = getattr(module, "hparams", None) or {}
+    hp = setup.settings
     numbers = (hp.get("lr", 6e-4), hp.get("weight_decay", 0.0), hp.get("warmup_fraction", 0.0))
     for name, problem in optimizer_problems(*numbers, hp.get("min_lr_ratio", 0.0)):
         problems.append(f"--model.{name}: {problem}")
-    if getattr(module, "optimizer", None) is not None:
+    if setup.optimizer is not None:
         try:  # a probe parameter: the learning rates come from the optimizer's arguments alone
-            built = module.optimizer([torch.nn.Parameter(torch.zeros(2, 2))])
+            built = setup.optimizer([torch.nn.Parameter(torch.zeros(2, 2))])
             problem = learning_rates_problem([float(g["lr"]) for g in built.param_groups])
         except ValueError as e:  # torch's own refusal ("Invalid learning rate: -0.1")
             problem = str(e)
@@ -183,15 +184,15 @@ def _objective(module) -> list[Finding]:
     return [finding("objective-cannot-train", p) for p in problems]
 
 
-def _mask_token(module, text_sample: list[str] | None) -> list[Finding]:
-    mask, vocab = module.drafter.config.mask_token_id, module.card.vocab_size
+def _mask_token(setup: DrafterSetup, text_sample: list[str] | None) -> list[Finding]:
+    mask, vocab = setup.drafter.config.mask_token_id, setup.card.vocab_size
     if not 0 <= mask < vocab:
         return [
             finding("mask-token-outside-vocab", f"mask token {mask} is outside the vocabulary 0..{vocab - 1}")
         ]
-    if not text_sample or module.tokenizer is None:
+    if not text_sample or setup.tokenizer is None:
         return []
-    hits = sum(mask in module.tokenizer.encode(t) for t in text_sample)
+    hits = sum(mask in setup.tokenizer.encode(t) for t in text_sample)
     if not hits:
         return []
     return [
@@ -203,11 +204,11 @@ def _mask_token(module, text_sample: list[str] | None) -> list[Finding]:
     ]
 
 
-def _ids_plus_one(module) -> list[Finding]:
-    depth = module.card.num_layers
+def _ids_plus_one(setup: DrafterSetup) -> list[Finding]:
+    depth = setup.card.num_layers
     if depth < 4:
         return []
-    for ids in (module.fc_ids, module.target.tap_ids):
+    for ids in (setup.fc_ids, setup.target.tap_ids):
         if len(ids) > 1 and ids == [i + 1 for i in zlab_layer_ids(depth, len(ids))]:
             return [
                 finding(
@@ -219,13 +220,13 @@ def _ids_plus_one(module) -> list[Finding]:
     return []
 
 
-def _mask_rules(module) -> list[Finding]:
+def _mask_rules(setup: DrafterSetup) -> list[Finding]:
     """Probes the mask component: no block query may see its anchor's context entry or a later one."""
-    k = module.drafter.config.block_size
+    k = setup.drafter.config.block_size
     anchors, valid = torch.tensor([[3, 7]]), torch.tensor([[True, True]])
     found = []
-    for i, rule in enumerate(module.drafter.layer_rules()):
-        m = module.mask.training_mask(anchors, valid, 12, k, rule)[0, 0]  # (2K, 12 + 2K)
+    for i, rule in enumerate(setup.drafter.layer_rules()):
+        m = setup.mask.training_mask(anchors, valid, 12, k, rule)[0, 0]  # (2K, 12 + 2K)
         leaky = [p for j, p in enumerate((3, 7)) if m[j * k : (j + 1) * k, p:12].any()]
         if leaky:
             found.append(
@@ -328,7 +329,7 @@ def special_tokens(data_path: str | Path | None, tokenizer, n: int = 3) -> list[
     ]
 
 
-def _decoding(module) -> list[Finding]:
+def _decoding(setup: DrafterSetup) -> list[Finding]:
     """Real decoding (validate's decoding callback, generate, the benchmarks) on this target: the same
     check the decoder makes before its first forward (decode/hybrid.py ``check_rollback``), made here
     on the target's config alone. A warning: training does not decode, and a drafter for a target
@@ -338,7 +339,7 @@ def _decoding(module) -> list[Finding]:
     from spec_drafters.errors import InputError
 
     try:
-        check_rollback(module.target, new_cache(module.target))
+        check_rollback(setup.target, new_cache(setup.target))
     except InputError as e:
         return [finding("decoding-unsupported", str(e))]
     return []

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import torch
 
+from spec_drafters.artefacts.setup import DrafterSetup
 from spec_drafters.cli.checks import out_file
-from spec_drafters.cli.lightning_cli import load_module
+from spec_drafters.cli.setup_args import load_setup
 from spec_drafters.errors import InputError
 
 
@@ -35,12 +36,12 @@ def calibrate_parser() -> argparse.ArgumentParser:
 
 
 @torch.no_grad()
-def held_out(module, data) -> tuple[torch.Tensor, torch.Tensor]:
+def held_out(setup: DrafterSetup, data) -> tuple[torch.Tensor, torch.Tensor]:
     """Every validation block of ``data``: logits (A, K-1, V) and labels (A, K-1)."""
     from spec_drafters.data.records import collate
 
     try:
-        _, val = data.examples(module.tokenizer)
+        _, val = data.examples(setup.tokenizer)
     except InputError:
         raise
     except ValueError as e:  # no usable records in a split
@@ -48,10 +49,11 @@ def held_out(module, data) -> tuple[torch.Tensor, torch.Tensor]:
             f"calibrate: {e}; it fits and measures on the validation records of --data.path "
             "('split': 'val') or --data.val_path"
         ) from None
-    logits, labels = [], []
+    logits, labels, steps = [], [], setup.step_builder()
     for i in range(0, len(val), data.val_batch_size):
         batch = collate(val[i : i + data.val_batch_size])
-        _, per_block, block_labels, _, _ = module.held_out_blocks(batch, i)
+        inp = setup.held_out_inputs(batch, i)
+        per_block, block_labels = setup.scored_blocks(inp, steps.draft_hidden(inp))
         logits.append(per_block.float())
         labels.append(block_labels)
     return torch.cat(logits), torch.cat(labels)
@@ -66,8 +68,8 @@ def calibrate(argv: list[str]) -> None:
         raise InputError(f"--fit_fraction must be in (0, 1), got {args.fit_fraction}")
     out = Path(args.out)
     out = out_file(out / "calibration.json" if out.is_dir() or not out.suffix else out)  # before the work
-    module, data = load_module(rest, with_data=True)
-    logits, labels = held_out(module, data)
+    setup, data = load_setup(rest, with_data=True)
+    logits, labels = held_out(setup, data)
     order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(0))
     cut = int(len(order) * args.fit_fraction)
     if not 0 < cut < len(order):

@@ -9,7 +9,7 @@ import argparse
 import json
 
 from spec_drafters.cli.checks import out_file
-from spec_drafters.cli.lightning_cli import load_module
+from spec_drafters.cli.setup_args import load_setup
 from spec_drafters.errors import InputError
 
 
@@ -36,20 +36,20 @@ def cost_model(argv: list[str]) -> None:
     ap = cost_parser()
     args, rest = ap.parse_known_args(argv)
     _check_args(args)
-    module = load_module(rest)
-    limit = module.target.context_length
+    setup = load_setup(rest)
+    limit = setup.target.context_length
     if limit is not None and args.context + args.tokens[-1] > limit:  # before any timing
         raise InputError(
             f"--context {args.context}: with the largest tree of --tokens ({args.tokens[-1]}) that is "
             f"{args.context + args.tokens[-1]} positions, more than the target's context of {limit}"
         )
-    prompt = module.tokenizer.encode(HumanEvalPrompts(1).prompts()[0])[: args.context]
+    prompt = setup.tokenizer.encode(HumanEvalPrompts(1).prompts()[0])[: args.context]
     more = args.context - len(prompt)  # the target's own continuation fills the rest of the context
-    context = prompt + (greedy_generate(module.target, prompt, more, []).tokens if more > 0 else [])
+    context = prompt + (greedy_generate(setup.target, prompt, more, []).tokens if more > 0 else [])
     cost = measure(
-        module.target, module.drafter, module.fc_ids, context[: args.context], args.tokens, args.repeats
+        setup.target, setup.drafter, setup.fc_ids, context[: args.context], args.tokens, args.repeats
     )
-    cost.machine["target"] = module.card.name
+    cost.machine["target"] = setup.card.name
     cost.save(args.out)
     print(f"{'tokens':>7} {'verify (greedy steps)':>22}")
     for t, v in zip(cost.tokens, cost.verify, strict=True):

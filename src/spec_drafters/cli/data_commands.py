@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from spec_drafters.cli.checks import out_file, out_folder
-from spec_drafters.cli.lightning_cli import load_module
+from spec_drafters.cli.setup_args import load_setup
 from spec_drafters.errors import InputError
 
 
@@ -40,9 +40,9 @@ def cache_cmd(argv: list[str]) -> None:
     if args.shard_records < 1:
         raise InputError(f"--shard_records must be >= 1, got {args.shard_records}")
     out_folder(args.out)  # before the target runs
-    module, data = load_module(rest, quiet=True, with_data=True)
+    setup, data = load_setup(rest, quiet=True, with_data=True)
     index = build_cache(
-        module.feature_spec(),
+        setup.feature_spec(),
         data,
         args.out,
         args.dtype,
@@ -86,8 +86,8 @@ def draft_vocab_cmd(argv: list[str]) -> None:
     if bad:
         raise InputError(f"--sizes: a draft vocabulary needs at least 1 token, got {bad[0]}")
     out = out_file(args.out)  # before the counting
-    module, data = load_module(rest, quiet=True, with_data=True)
-    train, val = data.examples(module.tokenizer)
+    setup, data = load_setup(rest, quiet=True, with_data=True)
+    train, val = data.examples(setup.tokenizer)
     if data.cache:
         from spec_drafters.data.feature_cache import CachedRecords
 
@@ -100,7 +100,7 @@ def draft_vocab_cmd(argv: list[str]) -> None:
     out.write_text(json.dumps(payload) + "\n")
     print(f"{out}: {len(counts)} distinct tokens in {payload['tokens']} training labels")
     held_out = count_labels(collate([ex]) for ex in val)
-    print_coverage(out, args.sizes, module.target.vocab_size, held_out)
+    print_coverage(out, args.sizes, setup.target.vocab_size, held_out)
 
 
 def print_coverage(counts: Path, sizes: list[int], vocab: int, held_out) -> None:

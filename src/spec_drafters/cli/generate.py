@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from spec_drafters.cli.checks import out_file
-from spec_drafters.cli.lightning_cli import load_module
+from spec_drafters.cli.setup_args import load_setup
 from spec_drafters.errors import InputError
 from spec_drafters.registry import name_of
 
@@ -51,19 +51,19 @@ def generate(argv: list[str]) -> None:
         raise InputError(f"--max_new_tokens must be >= 1, got {args.max_new_tokens}")
     out = out_file(args.out) if args.out else None  # before decoding: a late failure would lose it all
     texts = _texts(args)
-    module = load_module(rest)
-    prompts = [module.tokenizer.encode(text) for text in texts]
+    setup = load_setup(rest)
+    prompts = [setup.tokenizer.encode(text) for text in texts]
     for i, prompt in enumerate(prompts):  # all of them before decoding any
         if not prompt:
             raise InputError(f"generate: prompt {i} is empty (0 tokens); decoding needs a prompt")
         try:
-            check_fits(module.target, len(prompt), args.max_new_tokens, f"prompt {i}")
+            check_fits(setup.target, len(prompt), args.max_new_tokens, f"prompt {i}")
         except ValueError as e:
             raise InputError(f"generate: {e}") from None
-    verifier = name_of(module.verifier)
+    verifier = name_of(setup.verifier)
     with _Rows(out) as rows:
         for i, prompt in enumerate(prompts):
-            rows.add(_decode(module, i, prompt, verifier, args))
+            rows.add(_decode(setup, i, prompt, verifier, args))
     print(json.dumps(_summary(rows.rows, verifier)))
 
 
@@ -125,26 +125,24 @@ def prompt_texts(humaneval: int | None, prompts: str | None) -> list[str]:
     return chosen.prompts()
 
 
-def _decode(module, i: int, prompt: list[int], verifier: str, args: argparse.Namespace) -> dict:
+def _decode(setup, i: int, prompt: list[int], verifier: str, args: argparse.Namespace) -> dict:
     """One prompt's row: the speculative decode and, unless --no_greedy, the plain greedy one."""
     from spec_drafters.decode.generate import sample_generate
     from spec_drafters.decode.summary import prompt_row
 
-    sampling = module.verifier.sampling
-    spec = module.speculate(prompt, args.max_new_tokens)
+    sampling = setup.verifier.sampling
+    spec = setup.speculate(prompt, args.max_new_tokens)
     if args.no_greedy:
         plain = None
     elif sampling.greedy:
-        plain = module.greedy(prompt, args.max_new_tokens)
+        plain = setup.greedy(prompt, args.max_new_tokens)
     else:
-        plain = sample_generate(
-            module.target, prompt, args.max_new_tokens, module.card.eos_token_ids, sampling
-        )
+        plain = sample_generate(setup.target, prompt, args.max_new_tokens, setup.card.eos_token_ids, sampling)
     row = {
         "prompt": i,
         "verifier": verifier,
         "prompt_tokens": len(prompt),
-        "output": module.tokenizer.decode(spec.tokens),
+        "output": setup.tokenizer.decode(spec.tokens),
         **prompt_row(spec, plain, sampled=not sampling.greedy),
     }
     stats = f"tau {row['tau']:.2f}, {row['tokens_per_s']:.1f} tok/s"

@@ -86,22 +86,6 @@ COMMANDS: dict[str, Command] = {
     ),
 }
 
-#: Names other modules and tests import from here, where they lived before cli/ was split; imported on
-#: first use (PEP 562), like the commands.
-MOVED = {
-    "SpecDraftersCLI": "spec_drafters.cli.lightning_cli",
-    "load_module": "spec_drafters.cli.lightning_cli",
-    "run_lightning": "spec_drafters.cli.lightning_cli",
-    "check_argv_components": "spec_drafters.cli.checks",
-    "read_config": "spec_drafters.cli.checks",
-}
-
-
-def __getattr__(name: str):
-    if name in MOVED:
-        return getattr(importlib.import_module(MOVED[name]), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
 
 def usage() -> str:
     width = max(map(len, COMMANDS)) + 2
@@ -133,7 +117,9 @@ def main(argv: list[str] | None = None) -> None:
         if argv[0] in COMMANDS:
             COMMANDS[argv[0]].run(argv[1:])
         else:  # options before the command are LightningCLI's (-c CONFIG fit)
-            __getattr__("run_lightning")(argv)
+            from spec_drafters.cli.lightning_cli import run_lightning
+
+            run_lightning(argv)
     except ArgumentError as e:  # a component's error, tagged with the argument it came through
         sys.exit(f"spec-drafters: error: {e.flagged()}")
     except InputError as e:  # the message names the flag, file and line or field: no traceback

@@ -103,11 +103,11 @@ def regenerate(argv: list[str]) -> None:
     gone = sum(removed.values())
     print(f"regenerate: {read} prompts read, {duplicates} duplicates and {gone} contaminated removed "
           f"({removed}), {len(items)} to answer", file=sys.stderr)  # fmt: skip
-    from spec_drafters.cli.lightning_cli import load_module
+    from spec_drafters.cli.setup_args import load_setup
 
-    module = load_module(rest, quiet=True)
-    tokenizer, card = module.tokenizer, module.card
-    run["engine"] = engine.start(module.target, tokenizer, card)
+    setup = load_setup(rest, quiet=True)
+    tokenizer, card = setup.tokenizer, setup.card
+    run["engine"] = engine.start(setup.target, tokenizer, card)
     run["target"] = card.name
 
     def prompt_ids(item) -> list[int]:

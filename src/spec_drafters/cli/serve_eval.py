@@ -81,9 +81,9 @@ def serve_eval_parser() -> argparse.ArgumentParser:
 
 
 def serve_eval(argv: list[str]) -> None:
-    from spec_drafters.artefacts.folders import folder_from_module, layout_files, write_files
+    from spec_drafters.artefacts.folders import layout_files, write_files
     from spec_drafters.cli.generate import prompt_texts
-    from spec_drafters.cli.lightning_cli import load_module
+    from spec_drafters.cli.setup_args import load_setup
     from spec_drafters.cli.tools import export_verifier
 
     args, rest = serve_eval_parser().parse_known_args(argv)
@@ -95,8 +95,8 @@ def serve_eval(argv: list[str]) -> None:
     out = out_folder(Path(args.out))
     out.mkdir(parents=True, exist_ok=True)  # the logs go there also when --folder is served as is
     texts = prompt_texts(args.humaneval, args.prompts)
-    module = load_module(rest)
-    folder = folder_from_module(module)
+    setup = load_setup(rest)
+    folder = setup.folder()
     verifier = export_verifier(folder, args.verifier)
     if verifier is None:
         raise InputError("serve-eval: name the target's model folder with --verifier")
@@ -105,13 +105,13 @@ def serve_eval(argv: list[str]) -> None:
         write_files(served, *layout_files(folder, "speculators", verifier), "speculators")
     probe = run_probe(python, served, out)
     print(f"vLLM reads {served} as {json.dumps(probe['speculative_config'])}: {probe['dflash_config']}")
-    prompts = [module.tokenizer.encode(t) for t in texts]
+    prompts = [setup.tokenizer.encode(t) for t in texts]
     runs = {}
     for name, speculative in (("plain", None), ("dflash", probe["speculative_config"])):
         with VllmServer(python, str(verifier.folder), args, out / f"vllm-{name}.log", speculative) as server:
-            runs[name] = server.run(prompts, module, args)
-    own = None if args.no_own else own_decoder(module, prompts, args.max_tokens)
-    report = summary(runs, own, probe, args, len(prompts), module.card.name)
+            runs[name] = server.run(prompts, setup, args)
+    own = None if args.no_own else own_decoder(setup, prompts, args.max_tokens)
+    report = summary(runs, own, probe, args, len(prompts), setup.card.name)
     (out / "serve_eval.json").write_text(json.dumps(report, indent=2) + "\n")
     print(table(report))
     print(json.dumps(report["summary"]))
@@ -180,11 +180,11 @@ class VllmServer:
         text = urllib.request.urlopen(self.base + "/metrics", timeout=30).read().decode()
         return parse_counters(text)
 
-    def run(self, prompts: list[list[int]], module, args) -> dict:
+    def run(self, prompts: list[list[int]], setup, args) -> dict:
         from spec_drafters.decode.engines import OpenAICompatible, Settings
 
         engine = OpenAICompatible(self.base, model="target", concurrency=args.concurrency, retries=0)
-        engine.start(module.target, module.tokenizer, module.card)  # serves this target's tokenizer?
+        engine.start(setup.target, setup.tokenizer, setup.card)  # serves this target's tokenizer?
         before = self.counters()
         start = time.perf_counter()
         item_ids = [f"{i:012x}" for i in range(len(prompts))]
@@ -216,7 +216,7 @@ def parse_counters(text: str) -> dict:
     return out
 
 
-def own_decoder(module, prompts: list[list[int]], max_tokens: int) -> dict:
+def own_decoder(setup, prompts: list[list[int]], max_tokens: int) -> dict:
     """This project's greedy chain with the same drafter on the same prompts (decode/generate.py). Its
     speed is not reported: another process, other kernels, not the engine's."""
     from spec_drafters.decode.verifiers import GreedyChain
@@ -224,7 +224,7 @@ def own_decoder(module, prompts: list[list[int]], max_tokens: int) -> dict:
     chain = GreedyChain()
     outputs, lengths = [], []
     for i, prompt in enumerate(prompts):
-        result = module.speculate(prompt, max_tokens, chain)
+        result = setup.speculate(prompt, max_tokens, chain)
         outputs.append(result.tokens)
         lengths += result.accept_lengths
         print(f"[own {i}] {len(result.tokens)} tokens, tau {result.tau:.2f}", file=sys.stderr)

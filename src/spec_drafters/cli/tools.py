@@ -1,7 +1,7 @@
 """``export``, ``inspect``, ``diff`` and ``lint``: the questions the seeds answered by hand, one command each.
 
 The reports themselves are plain functions in ``spec_drafters.artefacts`` (inspect.py, diff.py,
-lint.py); this module parses the command lines and builds the module a config file describes.
+lint.py); this module parses the command lines and builds the setup a config file describes.
 
     spec-drafters export CKPT_OR_FOLDER --out DIR [--layout spec_drafters|zlab|speculators] [--force]
     spec-drafters inspect PATH [PATH ...] [--json]
@@ -16,11 +16,11 @@ import json
 import sys
 from pathlib import Path
 
-from spec_drafters.artefacts.diff import Row, diff_choices, file_choices, format_diff, module_choices
-from spec_drafters.artefacts.inspect import format_inspect, inspect_drafter, inspect_module
-from spec_drafters.artefacts.lint import Finding, allow, lint_module, special_tokens, text_sample
+from spec_drafters.artefacts.diff import Row, diff_choices, file_choices, format_diff, setup_choices
+from spec_drafters.artefacts.inspect import format_inspect, inspect_drafter, inspect_setup
+from spec_drafters.artefacts.lint import Finding, allow, lint_setup, special_tokens, text_sample
 from spec_drafters.cli.checks import config_paths, out_folder, read_config
-from spec_drafters.cli.lightning_cli import is_config, load_module, meta_target_args, module_from_config
+from spec_drafters.cli.setup_args import is_config, load_setup, meta_target_args, setup_from_config
 from spec_drafters.errors import ArgumentError, InputError
 
 # --- export ------------------------------------------------------------------------------------------
@@ -144,7 +144,7 @@ def export_verifier(folder, where: str | None, name: str | None = None):
 
 def inspect_path(path: str | Path) -> dict:
     """The inspect report of a drafter folder, a checkpoint or a config file (built, untrained)."""
-    return inspect_module(module_from_config(path), str(path)) if is_config(path) else inspect_drafter(path)
+    return inspect_setup(setup_from_config(path), str(path)) if is_config(path) else inspect_drafter(path)
 
 
 def inspect_cmd(argv: list[str]) -> None:
@@ -173,7 +173,7 @@ def inspect_cmd(argv: list[str]) -> None:
 
 def choices(path: str | Path) -> dict:
     """Every choice of a config YAML (built), a drafter folder or a checkpoint."""
-    return module_choices(module_from_config(path)) if is_config(path) else file_choices(path)
+    return setup_choices(setup_from_config(path)) if is_config(path) else file_choices(path)
 
 
 def diff(a: str | Path, b: str | Path, everything: bool = False) -> list[Row]:
@@ -208,16 +208,16 @@ def diff_cmd(argv: list[str]) -> None:
 
 
 def lint_config(argv: list[str]) -> list[Finding]:
-    """The findings of the module that LightningCLI arguments (``--config``, ``--model.*``) build; a
-    module that refuses to build is one ``config-invalid`` (or ``mask-token-outside-vocab``) error."""
+    """The findings of the setup that validate's arguments (``--config``, ``--model.*``) build; a
+    setup that refuses to build is one ``config-invalid`` (or ``mask-token-outside-vocab``) error."""
     from spec_drafters.target.loaders import MaskTokenError
 
     paths = config_paths(argv)
     for p in paths:
         read_config(p)  # malformed YAML: one line naming the file and line
     try:
-        module = load_module([*argv, *meta_target_args(paths)], quiet=True)
-    except (ValueError, KeyError) as e:  # the module refuses to build: report why, as lint would
+        setup = load_setup([*argv, *meta_target_args(paths)], quiet=True)
+    except (ValueError, KeyError) as e:  # the setup refuses to build: report why, as lint would
         own = e.__cause__ if isinstance(e, ArgumentError) else e
         code = "mask-token-outside-vocab" if isinstance(own, MaskTokenError) else "config-invalid"
         return allow(paths, [Finding("error", code, e.flagged() if isinstance(e, ArgumentError) else str(e))])
@@ -226,10 +226,10 @@ def lint_config(argv: list[str]) -> list[Finding]:
         data = read_config(p).get("data")
         data_path = data.get("path", data_path) if isinstance(data, dict) else data_path
     data_path = flag_value(argv, "--data.path") or data_path
-    sample = text_sample(data_path) if module.tokenizer is not None else None
-    findings = lint_module(module, sample)
-    if module.tokenizer is not None:
-        findings += special_tokens(data_path, module.tokenizer)
+    sample = text_sample(data_path) if setup.tokenizer is not None else None
+    findings = lint_setup(setup, sample)
+    if setup.tokenizer is not None:
+        findings += special_tokens(data_path, setup.tokenizer)
     return allow(paths, decoding_is_an_error(paths, findings))
 
 

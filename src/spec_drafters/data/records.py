@@ -28,6 +28,7 @@ from torch.utils.data import DistributedSampler
 from spec_drafters.data.chat import conversation, is_chat, render
 from spec_drafters.data.heldout import split_by_content
 from spec_drafters.errors import InputError, MissingFile
+from spec_drafters.rng import derived_seed
 
 
 def iter_jsonl(path: str | Path, flag: str = "--data.path"):
@@ -182,7 +183,7 @@ class EpochShuffle(DistributedSampler):
         self.skip_epoch, self.skip_batches = epoch, batches
 
     def _global_batches(self) -> list[list[int]]:
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        g = torch.Generator().manual_seed(derived_seed(self.seed, self.epoch))
         order = torch.randperm(self.total, generator=g).tolist()
         width = self.batch_size * self.num_replicas
         batches = [order[i : i + width] for i in range(0, self.total, width)]

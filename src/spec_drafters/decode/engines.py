@@ -27,6 +27,7 @@ from spec_drafters.decode.generate import sample_generate
 from spec_drafters.decode.sampling import Sampling
 from spec_drafters.errors import InputError
 from spec_drafters.registry import register
+from spec_drafters.rng import derived_seed
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,7 @@ class Settings:
     def seed_for(self, item_id: str) -> int:
         """A prompt's own seed: the run's seed and the prompt's id, so a resumed or reordered run draws
         the same answer for it."""
-        return (self.seed * 1_000_003 + int(item_id[:12], 16)) % 2**63
+        return derived_seed(self.seed, int(item_id[:12], 16)) % 2**63  # manual_seed's range
 
 
 class Engine:

@@ -181,10 +181,10 @@ class ExportDrafter(pl.Callback):
         self.dirpath, self.layout = dirpath, layout
 
     def on_fit_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
-        from spec_drafters.artefacts.folders import folder_from_module, write_folder
+        from spec_drafters.artefacts.folders import write_folder
 
         if trainer.is_global_zero:
-            out = write_folder(folder_from_module(module), self.dirpath, self.layout)
+            out = write_folder(module.built.folder(), self.dirpath, self.layout)
             rank_zero_info(f"drafter written to {out} ({self.layout} layout)")
 
 

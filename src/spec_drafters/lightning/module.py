@@ -7,10 +7,8 @@ hooks.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import warnings
-from dataclasses import replace
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -18,21 +16,20 @@ import torch
 from jsonargparse import lazy_instance
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 
-from spec_drafters.artefacts.folders import describe_drafter
-from spec_drafters.artefacts.init_from import load_folder_into
-from spec_drafters.decode.generate import DecodeResult, greedy_generate, speculative_generate
+from spec_drafters.artefacts.setup import COMPONENTS, DrafterSetup
+from spec_drafters.decode.generate import DecodeResult
 from spec_drafters.decode.verifiers import GreedyChain, Verifier
 from spec_drafters.errors import ArgumentError, argument
 from spec_drafters.lightning.metrics import OfflineAcceptance
 from spec_drafters.lightning.schedule import WarmupCosine, default_optimizer
 from spec_drafters.lightning.sharding import receive_target, shard_fsdp2, target_tensors
 from spec_drafters.lightning.tracking import log_validation
-from spec_drafters.model.drafter import DFlashDrafter, DrafterConfig
+from spec_drafters.model.drafter import DrafterConfig
 from spec_drafters.model.masks import DFlashBlockMask, DrafterMask
-from spec_drafters.model.vocab import DraftVocab, FullVocab, draft_vocab_ids
-from spec_drafters.registry import as_config, name_of
-from spec_drafters.target.features import FeatureSpec, plan_taps
-from spec_drafters.target.frozen import FrozenTarget
+from spec_drafters.model.vocab import DraftVocab, FullVocab
+from spec_drafters.registry import name_of
+from spec_drafters.rng import derived_seed
+from spec_drafters.target.features import FeatureSpec
 from spec_drafters.target.injection import AllTaps, Injection
 from spec_drafters.target.labels import ModelOutput, TargetSource
 from spec_drafters.target.loaders import EmbeddedSmolLM2, TargetLoader
@@ -46,13 +43,8 @@ from spec_drafters.train.objective import (
     first_nonfinite,
     learning_rates_problem,
     named_tensors,
-    optimizer_problems,
 )
-from spec_drafters.train.pipeline import StepBuilder, StepInputs
-
-#: The components a checkpoint names: its key -> the module's attribute.
-COMPONENTS = {k: k for k in ("injection", "target_source", "val_target_source", "noise", "mask")}
-COMPONENTS |= {"loss": "loss_fn", "anchors": "anchors", "verifier": "verifier", "draft_vocab": "draft_vocab"}
+from spec_drafters.train.pipeline import StepInputs
 
 # The frozen target stays in eval mode on purpose (FrozenTarget.train); Lightning warns about it.
 warnings.filterwarnings("ignore", message=r"Found \d+ module\(s\) in eval mode")
@@ -134,77 +126,40 @@ class DFlashModule(pl.LightningModule):
         lr_scheduler: LRSchedulerCallable | None = None,
     ):
         super().__init__()
-        for name, problem in optimizer_problems(lr, weight_decay, warmup_fraction, min_lr_ratio):
-            raise ArgumentError(name, problem)  # before the target loads: one line naming the flag
-        # Hyperparameters as plain {class_path, init_args} dicts (weights_only checkpoints hold plain
-        # types only). A chosen optimizer or scheduler is a callable: the run's config.yaml keeps it.
         args = {k: v for k, v in locals().items() if k not in ("self", "__class__")}
-        args["optimizer"] = args["lr_scheduler"] = None
-        self.save_hyperparameters({key: as_config(value) for key, value in args.items()})
-        self.optimizer, self.lr_scheduler = optimizer, lr_scheduler
-        self.injection, self.verifier, self.draft_vocab = injection, verifier, draft_vocab
-        self.target_source, self.val_target_source = target_source, val_target_source
-        self.noise, self.loss_fn, self.mask, self.anchors = noise, loss, mask, anchors
         # A process Lightning (or torchrun) started for another device of this node: LOCAL_RANK > 0.
-        self._target_deferred = load_target_once and int(os.environ.get("LOCAL_RANK", "0")) > 0
-        self._wire_target(target)
-        self._wire_drafter(drafter, init_from)
-        if val_anchors < 1:
-            raise ArgumentError("val_anchors", f"must be >= 1, got {val_anchors}")
-        if loss_chunk_rows is not None and loss_chunk_rows < 1:
-            raise ArgumentError("loss_chunk_rows", f"must be >= 1 or null, got {loss_chunk_rows}")
+        deferred = load_target_once and int(os.environ.get("LOCAL_RANK", "0")) > 0
+        self.built = DrafterSetup.build(args, structure_only=deferred)  # checks the arguments first
+        self.save_hyperparameters(self.built.settings)
+        self.optimizer, self.lr_scheduler = optimizer, lr_scheduler
+        # The parts under the names Lightning, the checkpoints (their weights' prefixes) and callbacks use.
+        self.target, self.drafter = self.built.target, self.built.drafter
+        for attr in COMPONENTS.values():
+            setattr(self, attr, getattr(self.built, attr))
         self.loss_chunk_rows = loss_chunk_rows
-        self.drafter.checkpoint_layers = activation_checkpointing
-        self.steps = StepBuilder(self.target, self.drafter, self.fc_ids, noise, mask, loss.needs_distribution)
-        self.val_sampler = UniformAnchors(max_anchors=val_anchors, require_full_block=True)
+        self.steps = self.built.step_builder()
         k = self.drafter.config.block_size
         with argument("eval_verifiers"):
             self.offline = OfflineAcceptance.for_verifiers(k, verifier, eval_verifiers)
-        if self.offline.needs_distribution and not self.val_target_source.has_distribution:
+        if self.offline.needs_distribution and not val_target_source.has_distribution:
             raise ArgumentError(
                 "val_target_source",
                 f"a sampling chain's offline tau needs the target's distribution, which "
-                f"{name_of(self.val_target_source)} does not have (use a logit-based label source)",
+                f"{name_of(val_target_source)} does not have (use a logit-based label source)",
             )
         self.calibration: dict = {}  # the last validation's table, for --results and calibration.json
         # The frozen target is not in checkpoints; on_load_checkpoint checks the drafter.
         self.strict_loading = False
         self._step_parts: list[dict] = []  # the loss terms of the micro-batches of the coming step
 
-    def _wire_target(self, target: TargetLoader) -> None:
-        """Loads the target and checks that the chosen components fit it and each other."""
-        with argument("target"):
-            loaded = target.structure() if self._target_deferred else target.load()
-        self.tokenizer, self.card = loaded.tokenizer, loaded.card
-        self.vocab_size = loaded.model.get_output_embeddings().weight.shape[0]
-        sources = {"target_source": self.target_source, "val_target_source": self.val_target_source}
-        self.fc_ids, taps = plan_taps(self.card, self.vocab_size, self.injection, sources, self.loss_fn)
-        self.target = FrozenTarget(loaded.model, taps)
-
-    def _wire_drafter(self, drafter: DrafterConfig, init_from: str | None) -> None:
-        """Builds the drafter for the target (on the meta device when the target is) and its weights."""
-        with argument("mask"):
-            rules = self.mask.per_layer(drafter.num_layers)
-        with argument("drafter"):
-            cfg = drafter.resolved(self.target.model.config, len(self.fc_ids), self.card.mask_token_id, rules)
-        with argument("draft_vocab"):  # a frequent_tokens without its counts file: the folder's ids
-            draft_ids = draft_vocab_ids(self.draft_vocab, self.vocab_size, init_from)
-        if draft_ids is not None:
-            cfg = replace(cfg, draft_vocab_size=len(draft_ids))
-        # a config check (no weights anywhere), not a rank waiting for the target's weights
-        on_meta = self.target.embed_tokens.weight.is_meta and not self._target_deferred
-        with torch.device("meta") if on_meta else contextlib.nullcontext():
-            self.drafter = DFlashDrafter(cfg)
-            self.loss_fn.bind(cfg.hidden_size)
-        if draft_ids is not None and not on_meta:
-            self.drafter.draft_ids.copy_(draft_ids)
-        if init_from is not None:
-            with argument("init_from"):
-                head = getattr(self.loss_fn, "head", None)
-                load_folder_into(init_from, self.drafter, self.fc_ids, self.card, head)
+    # The setup's parts that are not modules, read where the module is at hand (callbacks, tests).
+    card = property(lambda self: self.built.card)
+    tokenizer = property(lambda self: self.built.tokenizer)
+    fc_ids = property(lambda self: self.built.fc_ids)
+    vocab_size = property(lambda self: self.built.vocab_size)
 
     def _step_seed(self, offset: int) -> int:
-        return self.hparams.seed * 1_000_003 + offset
+        return derived_seed(self.hparams.seed, offset)
 
     def _rows(self, batch) -> range:
         """This rank's rows of the global batch (the per-sequence seeds of the step's draws)."""
@@ -256,25 +211,16 @@ class DFlashModule(pl.LightningModule):
     def held_out_blocks(self, batch, batch_idx: int):
         """Validation's blocks of a batch: (loss parts, drafter logits (A, K-1, V) of the A valid
         anchors, their labels (A, K-1), anchor_ok (b, N), the target's logits by block when a verifier
-        samples, else None). Full blocks only; labels outside a draft vocabulary (-1) count as misses:
-        the drafter cannot propose them."""
-        seed = self._step_seed(10**9 + batch_idx)
-        inp = self.steps(
-            batch, self.val_sampler, self.val_target_source, seed, self._rows(batch), noisy=False
-        )
+        samples, else None); artefacts/setup.py, DrafterSetup.held_out_inputs and scored_blocks."""
+        inp = self.built.held_out_inputs(batch, batch_idx, self._rows(batch))
         hidden = self.steps.draft_hidden(inp)
-        k = hidden.shape[2]
         sb = self._slot_batch(hidden, inp)
         parts = self.loss_fn(sb)
-        ok = inp.scored
-        logits = (
-            sb.logits if torch.equal(ok, inp.supervised) else self.steps.draft_logits(hidden[ok])
-        )  # (M, V)
-        per_block = logits.view(-1, k - 1, logits.shape[-1])  # the valid anchors in order
+        per_block, labels = self.built.scored_blocks(inp, hidden, sb)
         target_logits = None
         if self.offline.needs_distribution:  # a sampling chain's tau reads the target's distribution
             target_logits = self.steps.block_target_logits(inp, self.val_target_source)
-        return parts, per_block, inp.labels[ok].view(-1, k - 1), inp.anchor_ok, target_logits
+        return parts, per_block, labels, inp.anchor_ok, target_logits
 
     def on_validation_epoch_end(self) -> None:
         metrics, curves, self.calibration = self.offline.compute()
@@ -285,28 +231,16 @@ class DFlashModule(pl.LightningModule):
             log_validation(self._trainer, slots, curves, self.calibration)
 
     def feature_spec(self) -> FeatureSpec:
-        """The target side of this run: what computes the fc input and labels, and what identifies them."""
-        identity = {
-            "target": self.card.name,
-            "label_source": name_of(self.target_source),
-            "label_layers": self.target_source.layer_ids(self.card),
-            "tokenizer": self.tokenizer.identity(),
-        }
-        soft = self.loss_fn.needs_distribution
-        return FeatureSpec(self.target, self.fc_ids, self.target_source, soft, self.tokenizer, identity)
+        return self.built.feature_spec()
 
     # --- real decoding ----------------------------------------------------------------------------
     def greedy(self, prompt: list[int], max_new_tokens: int) -> DecodeResult:
-        return greedy_generate(self.target, prompt, max_new_tokens, self.card.eos_token_ids)
+        return self.built.greedy(prompt, max_new_tokens)
 
     def speculate(
         self, prompt: list[int], max_new_tokens: int, verifier: Verifier | None = None
     ) -> DecodeResult:
-        """Speculative decoding with this drafter and ``verifier`` (default: the configured one)."""
-        verifier, eos = verifier or self.verifier, self.card.eos_token_ids
-        return speculative_generate(
-            self.target, self.drafter, self.fc_ids, verifier, prompt, max_new_tokens, eos
-        )
+        return self.built.speculate(prompt, max_new_tokens, verifier)
 
     # --- sharding ---------------------------------------------------------------------------------
     def configure_model(self) -> None:
@@ -386,9 +320,7 @@ class DFlashModule(pl.LightningModule):
 
     # --- checkpoints --------------------------------------------------------------------------------
     def describe(self) -> dict:
-        """What this drafter is, in plain types: stored in every checkpoint (artefacts/folders.py)."""
-        names = {key: name_of(getattr(self, attr)) for key, attr in COMPONENTS.items()}
-        return describe_drafter(self.card.name, self.target, self.fc_ids, self.drafter.config, names)
+        return self.built.describe()
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         state = checkpoint["state_dict"]
@@ -401,13 +333,4 @@ class DFlashModule(pl.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         # ModelParallelStrategy (FSDP2) loads the weights into the sharded module itself and hands
         # this hook the rest of the checkpoint; then its loader has already checked the keys.
-        state = checkpoint.get("state_dict")
-        trained = [k for k in self.state_dict() if not k.startswith("target.")]  # drafter + aux heads
-        missing = [k for k in trained if k not in state] if state is not None else []
-        if missing:
-            raise KeyError(f"checkpoint lacks drafter weights {missing[:5]} (of {len(missing)} missing)")
-        saved = checkpoint.get("spec_drafters", {}).get("target", {}).get("name")
-        if saved and saved != self.card.name:
-            raise ValueError(
-                f"checkpoint was trained for target {saved!r}, this config loads {self.card.name!r}"
-            )
+        self.built.check_checkpoint(checkpoint, checkpoint.get("state_dict"))

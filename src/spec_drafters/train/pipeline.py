@@ -16,17 +16,13 @@ import torch
 from spec_drafters.model.blocks import build_blocks
 from spec_drafters.model.drafter import DFlashDrafter
 from spec_drafters.model.masks import DrafterMask
+from spec_drafters.rng import derived_seed
 from spec_drafters.target.features import TargetFeatures, cached_features, target_features
 from spec_drafters.target.frozen import FrozenTarget
 from spec_drafters.target.labels import TargetSource
 from spec_drafters.train.anchors import AnchorSampler, block_labels
 from spec_drafters.train.losses import SlotBatch
 from spec_drafters.train.noise import FeatureNoise
-
-
-def row_seed(seed: int, row: int) -> int:
-    """The seed of one sequence's draws: its step seed and its row in the global batch."""
-    return seed * 1_000_003 + row
 
 
 @dataclass
@@ -104,7 +100,7 @@ class StepBuilder:
         """A noised copy of the fc input (b, S, n*H): labels keep reading the clean tensors."""
         draws = [
             self.noise(
-                clean[i : i + 1], torch.Generator(clean.device).manual_seed(row_seed(seed + 10**12, r))
+                clean[i : i + 1], torch.Generator(clean.device).manual_seed(derived_seed(seed + 10**12, r))
             )
             for i, r in enumerate(rows)
         ]
@@ -114,7 +110,7 @@ class StepBuilder:
         """-> anchors (b, N), valid (b, N)."""
         k = self.drafter.config.block_size
         drawn = [
-            sampler(loss_mask[i : i + 1], k, torch.Generator().manual_seed(row_seed(seed, r)))
+            sampler(loss_mask[i : i + 1], k, torch.Generator().manual_seed(derived_seed(seed, r)))
             for i, r in enumerate(rows)
         ]
         return torch.cat([a for a, _ in drawn]), torch.cat([ok for _, ok in drawn])
