@@ -214,7 +214,7 @@ def test_tokenizer_identity_is_its_vocabulary_not_its_folder():
     from tokenizers.models import WordLevel
     from transformers import PreTrainedTokenizerFast
 
-    from spec_drafters.target.loaders import TextTokenizer
+    from spec_drafters.target.tokenizers import TextTokenizer
 
     def tok(vocab):
         return TextTokenizer(PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel(vocab, "u"))))

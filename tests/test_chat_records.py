@@ -11,7 +11,7 @@ from spec_drafters.data.chat import conversation, render
 from spec_drafters.data.records import TextRecords, collate, tokenize
 from spec_drafters.errors import InputError
 from spec_drafters.target.chat_tokenizers import chat_tokenizer
-from spec_drafters.target.loaders import TextTokenizer
+from spec_drafters.target.tokenizers import TextTokenizer
 
 TURNS = [
     {"role": "system", "content": "Be brief."},

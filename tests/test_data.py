@@ -7,7 +7,7 @@ import pytest
 
 from spec_drafters.data.corpus import humaneval_overlap
 from spec_drafters.data.records import collate, read_jsonl, tokenize
-from spec_drafters.target.loaders import ByteTokenizer
+from spec_drafters.target.tokenizers import ByteTokenizer
 
 CORPUS = "data/stdlib_smollm2.jsonl.gz"
 

@@ -13,7 +13,8 @@ from spec_drafters.lightning.module import DFlashModule
 from spec_drafters.model.drafter import DrafterConfig
 from spec_drafters.target.injection import AllTaps
 from spec_drafters.target.labels import LayerLogits
-from spec_drafters.target.loaders import ByteTokenizer, TinyRandom
+from spec_drafters.target.loaders import TinyRandom
+from spec_drafters.target.tokenizers import ByteTokenizer
 from spec_drafters.train.losses import CEKLBlend
 from spec_drafters.train.noise import FeatureNoise, GaussianNoise, NoNoise, UniformNoise
 

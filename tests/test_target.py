@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from conftest import tiny_target
+from spec_drafters.target.cards import TargetCard
 from spec_drafters.target.frozen import validate_layer_ids
 from spec_drafters.target.injection import (
     AllButLast,
@@ -14,7 +15,6 @@ from spec_drafters.target.injection import (
     zlab_layer_ids,
 )
 from spec_drafters.target.labels import DatasetTokens, LayerLogits, ModelOutput
-from spec_drafters.target.loaders import TargetCard
 
 
 def card(num_layers: int, default_tap_ids=()) -> TargetCard:

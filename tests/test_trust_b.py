@@ -119,7 +119,8 @@ def test_a_checkpoint_for_another_target_names_both_targets_first(ckpt):
 
 
 def test_every_builtin_target_knows_its_name_before_loading():
-    from spec_drafters.target.loaders import EmbeddedSmolLM2, HFPretrained, TargetCard, TinyRandom
+    from spec_drafters.target.cards import TargetCard
+    from spec_drafters.target.loaders import EmbeddedSmolLM2, HFPretrained, TinyRandom
 
     tiny = TinyRandom(architecture="llama", num_layers=3, seed=2)
     assert tiny.identity() == tiny.load().card.name == "tiny-llama-3x32-s2"

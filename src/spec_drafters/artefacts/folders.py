@@ -395,7 +395,7 @@ def _checkpoint_folder(ckpt: dict, desc: dict) -> DrafterFolder:
     target = desc["target"]
     vocab = int(target.get("vocab_size") or 0)
     if not vocab:
-        from spec_drafters.target.loaders import TargetCard
+        from spec_drafters.target.cards import TargetCard
 
         vocab = TargetCard.load(target["name"]).vocab_size
     meta = {"target": target, "components": desc.get("components", {})}

@@ -210,7 +210,7 @@ def diff_cmd(argv: list[str]) -> None:
 def lint_config(argv: list[str]) -> list[Finding]:
     """The findings of the setup that validate's arguments (``--config``, ``--model.*``) build; a
     setup that refuses to build is one ``config-invalid`` (or ``mask-token-outside-vocab``) error."""
-    from spec_drafters.target.loaders import MaskTokenError
+    from spec_drafters.target.cards import MaskTokenError
 
     paths = config_paths(argv)
     for p in paths:

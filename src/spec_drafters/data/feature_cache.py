@@ -26,8 +26,6 @@ run's token for token.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import itertools
 import json
 import os
@@ -39,8 +37,8 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from spec_drafters.errors import InputError, MissingFile
+from spec_drafters.files import file_lock, sha256_file
 from spec_drafters.target.features import FeatureSpec
-from spec_drafters.target.loaders import sha256_file
 
 #: 2: meta records the tokenizer, the data file's sha256, max_length and the record count; hard labels
 #: are stored; the label hidden state only for soft losses.
@@ -144,15 +142,9 @@ def build_cache(
     return index
 
 
-@contextlib.contextmanager
 def _locked(out: Path):
     """An exclusive lock on the folder's index (two builders may share a folder: ``reverse``)."""
-    with open(out / ".index.lock", "a") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    return file_lock(out / ".index.lock")
 
 
 def _read_index(out: Path) -> dict:

@@ -13,9 +13,9 @@ import torch
 
 from spec_drafters.errors import ArgumentError, argument
 from spec_drafters.registry import name_of
+from spec_drafters.target.cards import MaskTokenError
 from spec_drafters.target.frozen import FrozenTarget, TargetOutput
 from spec_drafters.target.labels import TargetSource
-from spec_drafters.target.loaders import MaskTokenError
 
 
 def fc_input(out: TargetOutput, fc_ids: list[int], positions: torch.Tensor | None = None) -> torch.Tensor:

@@ -17,7 +17,7 @@ from spec_drafters.registry import register
 from spec_drafters.target.frozen import validate_layer_ids
 
 if TYPE_CHECKING:
-    from spec_drafters.target.loaders import TargetCard
+    from spec_drafters.target.cards import TargetCard
 
 
 def zlab_layer_ids(num_layers: int, num_taps: int) -> list[int]:

