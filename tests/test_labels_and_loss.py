@@ -6,16 +6,9 @@ import pytest
 import torch
 
 from spec_drafters.model.blocks import build_blocks
+from spec_drafters.train.acceptance_losses import CAP, accepted_indicator
 from spec_drafters.train.anchors import UniformAnchors, block_labels
-from spec_drafters.train.losses import (
-    CAP,
-    CEKLBlend,
-    HardCE,
-    SlotBatch,
-    SoftKL,
-    accepted_indicator,
-    slot_weights,
-)
+from spec_drafters.train.losses import CEKLBlend, HardCE, SlotBatch, SoftKL, slot_weights
 
 
 def slot_batch(logits, labels, slots, target_logits=None, supervised=None, hidden=None):

@@ -93,3 +93,23 @@ def test_old_folder_starts_a_drafter(tmp_path, folder):
     now = json.loads(out.read_text())["metrics"]
     for key in ("val/loss", "val/tau", "val/acc"):
         assert now[key] == pytest.approx(then[key], rel=1e-5, abs=1e-6), (ckpt, key)
+
+
+def test_class_paths_of_moved_modules_and_classes_still_resolve():
+    """A checkpoint names its components by class path: the flat package's (before b8dab2d) and the
+    acceptance losses' old module (before they left train/losses.py) are read as today's."""
+    from spec_drafters.artefacts.checkpoints import upgrade_class_paths
+    from spec_drafters.cli.checks import resolve_class
+    from spec_drafters.train.acceptance_losses import CAP, TreeCoverage
+
+    old = {
+        "injection": {"class_path": "spec_drafters.injection.ZLabTaps"},
+        "loss": {"class_path": "spec_drafters.train.losses.CAP", "init_args": {"main": {"class_path": "x"}}},
+        "eval": [{"class_path": "spec_drafters.train.losses.TreeCoverage"}],
+        "other": "spec_drafters.train.losses.HardCE",
+    }
+    new = upgrade_class_paths(old)
+    assert resolve_class(new["loss"]["class_path"]) is CAP
+    assert resolve_class(new["eval"][0]["class_path"]) is TreeCoverage
+    assert new["injection"]["class_path"] == "spec_drafters.target.injection.ZLabTaps"
+    assert new["other"] == "spec_drafters.train.losses.HardCE"  # not moved: unchanged

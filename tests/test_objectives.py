@@ -142,7 +142,7 @@ def test_a_mix_with_dpace_trains_from_the_command_line(tmp_path):
 
 
 def test_dspark_confidence_target_is_the_acceptance_probability():
-    from spec_drafters.train.losses import DSparkConfidence
+    from spec_drafters.train.acceptance_losses import DSparkConfidence
 
     slots, sup = torch.tensor([1]), torch.tensor([[[False, True]]])
     loss = DSparkConfidence(HardCE(gamma=None), weight=1.0)

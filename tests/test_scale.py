@@ -7,8 +7,9 @@ import torch
 from conftest import tiny_drafter, tiny_target
 from spec_drafters.model.attention import eager_attention, flex_attention_kernel, split_attention
 from spec_drafters.model.masks import LayerAttention, training_layout
+from spec_drafters.train.acceptance_losses import CAP
 from spec_drafters.train.anchors import UniformAnchors
-from spec_drafters.train.losses import CAP, CEKLBlend, HardCE, SlotBatch, SoftKL
+from spec_drafters.train.losses import CEKLBlend, HardCE, SlotBatch, SoftKL
 from test_masks import brute_force_mask
 
 RULES = [LayerAttention(), LayerAttention(window=6), LayerAttention(causal_block=True)]

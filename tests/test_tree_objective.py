@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from spec_drafters.decode.verifiers import DDTree, walk_tree
-from spec_drafters.train.losses import SlotBatch, TreeCoverage, prefix_threshold
+from spec_drafters.train.acceptance_losses import TreeCoverage, prefix_threshold
+from spec_drafters.train.losses import SlotBatch
 
 
 def _enumerated_depth(logp: torch.Tensor, labels: list[int], budget: int) -> int:

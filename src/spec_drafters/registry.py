@@ -48,6 +48,7 @@ BUILTIN_MODULES = (
     "spec_drafters.train.noise",
     "spec_drafters.train.weights",
     "spec_drafters.train.losses",
+    "spec_drafters.train.acceptance_losses",
     "spec_drafters.model.masks",
     "spec_drafters.model.attention",
     "spec_drafters.train.anchors",

@@ -130,6 +130,13 @@ MOVED_MODULES = {
 }
 
 
+#: Classes that moved between modules since: their old class paths in checkpoints written before.
+MOVED_CLASSES = {
+    f"spec_drafters.train.losses.{name}": f"spec_drafters.train.acceptance_losses.{name}"
+    for name in ("CAP", "DSparkConfidence", "TreeCoverage")
+}
+
+
 def upgrade_class_paths(value):
     """``spec_drafters.injection.ZLabTaps`` -> ``spec_drafters.target.injection.ZLabTaps``, anywhere in a
     checkpoint's hyperparameters (other packages' class paths are left alone)."""
@@ -137,6 +144,8 @@ def upgrade_class_paths(value):
         return {k: upgrade_class_paths(v) for k, v in value.items()}
     if isinstance(value, list):
         return [upgrade_class_paths(v) for v in value]
+    if isinstance(value, str) and value in MOVED_CLASSES:
+        return MOVED_CLASSES[value]
     if isinstance(value, str) and value.startswith("spec_drafters.") and value.count(".") == 2:
         _, module, name = value.split(".")
         if module in MOVED_MODULES:

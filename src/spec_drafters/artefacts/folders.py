@@ -28,7 +28,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save
 
-from spec_drafters.artefacts.checkpoints import read_checkpoint_file, upgrade_class_paths  # noqa: F401
+from spec_drafters.artefacts.checkpoints import read_checkpoint_file
 from spec_drafters.artefacts.verifier import Verifier
 from spec_drafters.errors import InputError, read_json
 from spec_drafters.model.drafter import DFlashDrafter, DrafterConfig

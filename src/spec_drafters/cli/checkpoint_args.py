@@ -34,7 +34,7 @@ CKPT_KEYWORDS = ("best", "last", "hpc", "registry")
 
 def read_checkpoint(path: str) -> dict:
     """``--ckpt_path``'s checkpoint as plain data only; anything else ends as one line naming it."""
-    from spec_drafters.artefacts.folders import read_checkpoint_file
+    from spec_drafters.artefacts.checkpoints import read_checkpoint_file
 
     try:
         return read_checkpoint_file(path, "--ckpt_path")

@@ -1,6 +1,6 @@
 """Draft trees: DDTree's best-first construction over a drafter's per-slot distributions.
 
-Decoding verifies these trees (decode/verifiers.py); training can aim at them (train/losses.py,
+Decoding verifies these trees (decode/verifiers.py); training can aim at them (train/acceptance_losses.py,
 tree_coverage). A tree is listed in pop order: parents before children, prefix scores descending.
 """
 
