@@ -3,7 +3,8 @@
 #               and the shipped reference drafter. The fit skips its own validation (the trained validate
 #               measures the same held-out set, with decoding); the untrained one is teacher-forced only
 #               (it accepts nothing: decoding it would cost minutes to show tau 1.0).
-#   make test   set up, lint (ruff, the import contract in .importlinter), and run the test suite
+#   make test   set up, lint (ruff, the import contract in .importlinter), and run the fast tier of the
+#               test suite (about 10 minutes on 2 cores; `make test-all` adds the slow tier, as CI does)
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
@@ -12,7 +13,7 @@ RUN ?= runs/quickstart
 CONFIG ?= configs/quickstart.yaml
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo verifiers bench test lint clean reference reference-data vllm regenerate-engines serve-eval gpu-check
+.PHONY: setup demo verifiers bench test test-slow test-all lint clean reference reference-data vllm regenerate-engines serve-eval gpu-check
 
 setup: $(STAMP)
 
@@ -126,8 +127,16 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check src tests benchmarks
 	$(BIN)/lint-imports --no-cache
 
+# Two tiers (docs/testing.md): the fast one before every commit; the slow one (long fits, subprocess
+# CLIs, multi-process FSDP2, the embedded target, engines) in test-all and CI. Each prints its slowest tests.
 test: lint
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q tests -m "not slow" --durations=15
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -q tests -m slow --durations=15
+
+test-all: lint
+	$(BIN)/python -m pytest -q tests --durations=25
 
 clean:
 	rm -rf $(VENV) runs

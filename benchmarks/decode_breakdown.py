@@ -3,7 +3,7 @@
 round_profile.py times each part of a round in isolation at a fixed context; this script decodes
 real HumanEval prompts end to end (``generate.greedy_generate`` and ``speculative_generate``, with the
 prepacked linears they use by default, packed once before the first decode) and adds up, per
-verifier, the wall time spent in the drafter's pass (``_draft_logits``), the drafter's context
+verifier, the wall time spent in the drafter's pass (``draft_logits``), the drafter's context
 update (``ContextCache.append``), the verifier's proposal, the acceptance walk and the KV-cache
 bookkeeping. Everything else in the decode is the target's verify forward (and the prefill both
 decoders share). Every ratio is to the greedy step of the same run (greedy seconds / greedy tokens);
@@ -30,7 +30,7 @@ from spec_drafters.model.kernels import packed_linears
 from spec_drafters.target.loaders import EmbeddedSmolLM2
 
 PARTS = {  # label -> (owner, attribute) of the functions timed inside a speculative decode
-    "drafter_pass": (generate, "_draft_logits"),
+    "drafter_pass": (generate, "draft_logits"),
     "context_update": (ContextCache, "append"),
     "accept_walk": (generate, "accept_path"),
     "cache_keep": (generate, "keep_cache"),

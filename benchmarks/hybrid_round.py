@@ -51,7 +51,8 @@ from transformers.cache_utils import LinearAttentionCacheLayerMixin
 
 from common import record
 from spec_drafters.decode import generate, hybrid
-from spec_drafters.decode.generate import _positions, new_cache, tree_attention_mask
+from spec_drafters.decode.rounds import new_cache, tree_attention_mask
+from spec_drafters.decode.rounds import positions as _positions
 from spec_drafters.decode.verifiers import DDTree
 from spec_drafters.target.frozen import FrozenTarget
 from spec_drafters.target.loaders import HFPretrained, TinyRandom

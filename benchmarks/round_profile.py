@@ -31,8 +31,7 @@ import torch
 
 from common import folder_drafter, record
 from spec_drafters.data.prompts import HumanEvalPrompts
-from spec_drafters.decode import generate
-from spec_drafters.decode.generate import _positions, new_cache, tree_attention_mask
+from spec_drafters.decode import generate, rounds
 from spec_drafters.decode.verifiers import DDTree, GreedyChain
 from spec_drafters.model.drafter import ContextCache, DFlashDrafter, DrafterConfig
 from spec_drafters.model.kernels import PackedLinear, packed_linears
@@ -82,10 +81,10 @@ def run(args) -> None:
     k, c = drafter.config.block_size, len(ctx)
     depth = k - 1
     vocab = target.vocab_size
-    cache = new_cache(target)
-    out = target(torch.tensor([ctx]), position_ids=_positions(0, c, "cpu"), cache=cache, use_cache=True)
+    cache = rounds.new_cache(target)
+    out, features = rounds.prefill(target, ctx, cache, fc_ids)
     context = ContextCache(drafter)
-    context.append(torch.cat([out.taps[i] for i in fc_ids], -1))
+    context.append(features)
     bonus = int(target.head(out.hidden[:, -1]).argmax(-1))
     weight = target.lm_head.weight.detach()
     subsets = {vd: torch.nn.Linear(576, vd, bias=False) for vd in (4096, 8192, 16384)}
@@ -117,7 +116,7 @@ def run(args) -> None:
         return go
 
     def forward_t(t):
-        return lambda: fwd(ctx[:t], position_ids=_positions(c, t, "cpu"))
+        return lambda: fwd(ctx[:t], position_ids=rounds.positions(c, t, "cpu"))
 
     def block_embeds():
         block = torch.full((1, k), drafter.config.mask_token_id)
@@ -125,24 +124,21 @@ def run(args) -> None:
         return target.embed(block)
 
     def drafter_layers():
-        return drafter(block_embeds(), _positions(c, k, "cpu"), context.kv)
+        return drafter(block_embeds(), rounds.positions(c, k, "cpu"), context.kv)
 
     hidden = drafter_layers()[0, 1:]  # (K-1, H)
     logits = target.head(hidden)
-    tree = ddtree.propose(logits)
-    ids = [bonus, *tree.tokens]
-    parents = [-1, *(p + 1 for p in tree.parents)]
-    tree_pos = torch.tensor([[0, *tree.depths]]) + c
+    batch = rounds.VerifyBatch.of(bonus, ddtree.propose(logits))
 
-    def tree_verify():
-        mask = tree_attention_mask(c, parents, torch.float32, "cpu")
-        fwd(ids, position_ids=tree_pos, attention_mask=mask)
+    def tree_verify():  # the verify forward of speculative_round, as decoding runs it
+        target.head(batch.forward(target, cache, c).hidden).argmax(-1)[0].tolist()
+        crop_cache(cache, c)
 
     def context_append():  # one committed position (an untrained drafter's rounds accept nothing)
         saved = (context.kv, context.length)
-        o, _ = fwd([bonus], position_ids=_positions(c, 1, "cpu"))
+        o, _ = fwd([bonus], position_ids=rounds.positions(c, 1, "cpu"))
         t0 = time.perf_counter()
-        context.append(torch.cat([o.taps[i][:, [0]] for i in fc_ids], -1))
+        context.append(rounds.tap_features(o, fc_ids, [0]))
         context.kv, context.length = saved
         return time.perf_counter() - t0
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import time
@@ -57,7 +58,7 @@ def run_twin(name: str, steps: int, out_dir: Path, checkpoint: str | None) -> di
         "acc": round(m["val/acc"], 4),
         "tau": round(m["val/tau"], 4),
         "tau_pooled": round(m["val/tau_pooled"], 4),
-        "tau_ddtree": round(m["val/tau_ddtree"], 4) if "val/tau_ddtree" in m else None,
+        "tau_ddtree": _tree_tau(m),
         "val_loss": round(m["val/loss"], 4),
         "checkpoint": str(checkpoint),
         "commands": ["spec-drafters " + " ".join(fit_cmd), "spec-drafters " + " ".join(val_cmd)],
@@ -90,3 +91,9 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def _tree_tau(metrics: dict) -> float | None:
+    """The configured DDTree's tau: val/tau_ddtree_b<budget> (val/tau_ddtree in results before issue 34)."""
+    keys = [k for k in metrics if re.fullmatch(r"val/tau_ddtree(_b\d+)?", k)]
+    return round(metrics[keys[0]], 4) if keys else None

@@ -91,3 +91,14 @@ def made(tmp_path_factory):
     from bad_input import Made
 
     return Made(tmp_path_factory.mktemp("made"))
+
+
+def module_from_config(path: str, *overrides: str):
+    """The DFlashModule a config builds (the arguments parsed as `fit` parses them), for tests that
+    drive the LightningModule's own hooks; the commands that train nothing build a DrafterSetup."""
+    from spec_drafters.cli.setup_args import lightning_classes, model_arguments, setup_parser
+
+    parser = setup_parser()
+    args = model_arguments(parser.instantiate(parser.parse_args(["--config", path, *overrides])).model)
+    module_class, _ = lightning_classes()
+    return module_class(**args)

@@ -64,6 +64,7 @@ def test_the_proposed_tree_is_a_prefix_of_the_full_one(tmp_path):
     assert all(p < i for i, p in enumerate(chosen.parents))  # parents first: a valid tree
 
 
+@pytest.mark.slow  # about 80 s a case on 2 cores
 @pytest.mark.parametrize("verify", [[1.0, 1.05, 1.1, 1.2], [1.0, 2.0, 4.0, 8.0]])  # wide trees, chains
 def test_adaptive_decoding_is_lossless(tmp_path, verify):
     target = tiny_target("qwen3", dtype="float64", seed=2)

@@ -82,9 +82,9 @@ def test_a_diverging_fit_stops_within_a_few_steps_and_writes_only_finite_checkpo
 
 @pytest.fixture(scope="module")
 def module():
-    from spec_drafters.cli.setup_args import load_setup
+    from conftest import module_from_config
 
-    return load_setup(["--config", TINY], quiet=True)
+    return module_from_config(TINY)
 
 
 def _trainer(tmp: Path, failed_ranks: float = 0.0, world_size: int = 1, step: int = 7):
@@ -191,13 +191,14 @@ def test_lint_flags_coefficients_that_bypassed_validation(module, monkeypatch):
 
     mix = LossMix([HardCE(), TotalVariation()], [0.1, 0.9])
     mix.coefficients = [0.0, 0.0]  # set after the constructor checked them
-    monkeypatch.setattr(module, "loss_fn", mix)
-    found = lint_setup(module)
+    monkeypatch.setattr(module.built, "loss_fn", mix)
+    found = lint_setup(module.built)
     assert [(f.severity, f.code) for f in found if "LossMix" in f.message] == [
         ("error", "objective-cannot-train")
     ]
 
 
+@pytest.mark.slow  # two FSDP2 processes
 def test_under_fsdp2_every_rank_stops_at_the_same_step(tmp_path):
     """The repo's sharded path (ModelParallelStrategy, 2 CPU processes over gloo): each rank reduces the
     flag, so both end at step 1 with the one line, and the consolidated last.ckpt is finite."""

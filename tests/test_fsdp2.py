@@ -7,7 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
+
+pytestmark = pytest.mark.slow  # two gloo processes per test (the slow tier: make test-all, CI)
 
 CLI = str(Path(sys.executable).parent / "spec-drafters")
 

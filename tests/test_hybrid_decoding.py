@@ -15,9 +15,10 @@ import torch
 import transformers.models.qwen3_5.modeling_qwen3_5 as mq
 
 from conftest import tiny_drafter, tiny_target
-from spec_drafters.decode import generate, hybrid
+from spec_drafters.decode import generate, hybrid, rounds
 from spec_drafters.decode.cost import RoundCost
-from spec_drafters.decode.generate import greedy_generate, new_cache, speculative_generate
+from spec_drafters.decode.generate import greedy_generate, speculative_generate
+from spec_drafters.decode.rounds import new_cache
 from spec_drafters.decode.verifiers import AdaptiveDDTree, DDTree, GreedyChain, LookupHybrid
 from spec_drafters.errors import InputError
 
@@ -76,7 +77,7 @@ def _verify(target, cache, ids, parents, start):
         out = target(
             torch.tensor([ids]),
             position_ids=torch.tensor([depths]) + start,
-            attention_mask=generate.tree_attention_mask(
+            attention_mask=rounds.tree_attention_mask(
                 start, parents, target.embed_tokens.weight.dtype, "cpu"
             ),
             cache=cache,
@@ -185,7 +186,7 @@ def test_every_decoder_is_lossless_and_meets_every_acceptance(target64, monkeypa
         for name, verifier in decoders.items():
             rng = random.Random(i)
             monkeypatch.setattr(
-                generate, "_draft_logits", _oracle(prompt + truth + [0] * 8, rng, ["right", "some", "none"])
+                generate, "draft_logits", _oracle(prompt + truth + [0] * 8, rng, ["right", "some", "none"])
             )
             out = speculative_generate(target64, drafter, FC, verifier, prompt, n, eos_ids=[])
             assert out.tokens == truth, (name, prompt)

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # pip installs the plugin into a fresh site folder
+
 ROOT = Path(__file__).resolve().parent.parent
 
 

@@ -5,6 +5,7 @@ import csv
 import warnings
 
 import lightning.pytorch as pl
+import pytest
 
 from spec_drafters.cli.main import main
 
@@ -97,6 +98,7 @@ class KillDuringSave(pl.Callback):
         LocalFileOpener.write = half_then_die
 
 
+@pytest.mark.slow  # a killed subprocess fit
 def test_a_kill_during_a_save_leaves_the_previous_checkpoint_whole(tmp_path):
     import os
     import signal

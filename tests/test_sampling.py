@@ -15,14 +15,14 @@ import pytest
 import torch
 
 from conftest import tiny_drafter, tiny_target
-from spec_drafters.decode import generate, sampling
+from spec_drafters.decode import generate, rounds, sampling
 from spec_drafters.decode.generate import (
     greedy_generate,
-    new_cache,
     sample_generate,
     speculative_generate,
     speculative_round,
 )
+from spec_drafters.decode.rounds import new_cache
 from spec_drafters.decode.sampling import Sampling
 from spec_drafters.decode.verifiers import DDTree, GreedyChain, LookupHybrid
 from spec_drafters.model.drafter import ContextCache
@@ -214,14 +214,14 @@ def test_real_round_makes_the_tested_draws(architecture, kind):
     cache = new_cache(target)
     with torch.no_grad():
         out = target(torch.tensor([PROMPT[:-1]]), cache=cache, use_cache=True)
-    features = generate._features(out, [1, 2, 3], list(range(len(PROMPT) - 1)))
+    features = rounds.tap_features(out, [1, 2, 3], list(range(len(PROMPT) - 1)))
     history = [*PROMPT, 30]  # a repeat: lookup_hybrid grafts a copy
     for seed in range(5):
         context = ContextCache(drafter)
         context.append(features)
         real_rng, memo_rng = (torch.Generator().manual_seed(seed) for _ in range(2))
         with torch.no_grad():
-            logits = generate._draft_logits(target, drafter, context, PROMPT[-1], len(PROMPT) - 1, 3)
+            logits = rounds.draft_logits(target, drafter, context, PROMPT[-1], len(PROMPT) - 1, 3)
             _, committed = speculative_round(
                 target, drafter, [1, 2, 3], verifier, copy.deepcopy(cache), context, PROMPT[-1],
                 len(PROMPT) - 1, 3, history, real_rng,

@@ -38,13 +38,10 @@ def test_no_lightning_cli_builds_a_setup(monkeypatch):
 
 @pytest.mark.parametrize("config", [TINY, HYBRID])
 def test_the_setup_is_the_one_the_module_wraps(config):
-    from spec_drafters.cli.setup_args import lightning_classes, model_arguments, setup_parser
+    from conftest import module_from_config
 
     setup = load_setup(["--config", config], quiet=True)
-    parser = setup_parser()
-    args = model_arguments(parser.instantiate(parser.parse_args(["--config", config])).model)
-    module_class, _ = lightning_classes()
-    module = module_class(**args)
+    module = module_from_config(config)
     assert module.built.describe() == setup.describe()
     assert dict(module.hparams) == setup.settings
     assert module.fc_ids == setup.fc_ids and module.card.name == setup.card.name

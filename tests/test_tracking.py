@@ -88,6 +88,7 @@ def test_throughput_is_lightnings_monitor_counting_real_tokens():
     assert isinstance(monitor, ThroughputMonitor) and monitor.length_fn is count_tokens
 
 
+@pytest.mark.slow  # a fresh interpreter per logger
 def test_aim_is_imported_only_when_its_logger_is_built():
     modules = "spec_drafters.lightning.tracking, spec_drafters.cli.main, spec_drafters.cli.lightning_cli"
     code = f"import {modules}, sys; assert 'aim' not in sys.modules, 'aim imported'"

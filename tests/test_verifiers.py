@@ -96,4 +96,41 @@ def test_a_short_chain_is_logged_beside_the_full_one():
 
     metrics = OfflineAcceptance.for_verifiers(5, GreedyChain(2), [GreedyChain(3), DDTree(4)])
     assert list(metrics.verifiers) == ["chain", "greedy_chain_d2", "greedy_chain_d3", "ddtree_b4"]
-    assert list(OfflineAcceptance.for_verifiers(5, DDTree(8), None).verifiers) == ["chain", "ddtree"]
+    # one naming rule: the configured verifier by its label, as the extra ones and decode/* metrics
+    assert list(OfflineAcceptance.for_verifiers(5, DDTree(8), None).verifiers) == ["chain", "ddtree_b8"]
+    same = OfflineAcceptance.for_verifiers(5, DDTree(8), [DDTree(8), DDTree(16)])
+    assert list(same.verifiers) == ["chain", "ddtree_b8", "ddtree_b16"]  # listed twice, measured once
+    sampled = OfflineAcceptance.for_verifiers(5, DDTree(8, temperature=0.7), None)
+    assert list(sampled.verifiers) == ["chain", "ddtree_b8"]  # a sampling tree: its greedy twin
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_three_chain_acceptance_encodings_agree_with_the_tree_walk(seed):
+    """Chain acceptance is encoded three times as tensors (the verifier's offline count, CAP's accepted
+    indicator, calibration's prefix events); each must count what the one tree walk accepts."""
+    from spec_drafters.decode.acceptance import accepted_depth
+    from spec_drafters.decode.calibration import prefix_events
+    from spec_drafters.train.acceptance_losses import accepted_indicator
+
+    g = torch.Generator().manual_seed(seed)
+    a, d, v = 64, 6, 3  # a small vocabulary: every acceptance length occurs
+    logits = torch.randn(a, d, v, generator=g)
+    labels = torch.where(
+        torch.rand(a, d, generator=g) < 0.7, logits.argmax(-1), torch.randint(0, v, (a, d), generator=g)
+    )
+    chain = list(range(-1, d - 1))
+    walked = torch.tensor(
+        [
+            accepted_depth(row.tolist(), chain, lab.tolist())
+            for row, lab in zip(logits.argmax(-1), labels, strict=True)
+        ]
+    )
+    assert set(walked.tolist()) == set(range(d + 1))
+    offline = GreedyChain().offline_accepted(logits, labels, torch.ones(a, d, dtype=torch.bool))
+    hit = torch.zeros(a, 1, d + 1, dtype=torch.bool)  # (b, N, K): slot 0 is the anchor
+    hit[:, 0, 1:] = logits.argmax(-1) == labels
+    indicator, _ = accepted_indicator(hit, torch.ones_like(hit))
+    _, happened = prefix_events(logits, labels)
+    assert torch.equal(offline, walked)
+    assert torch.equal(indicator[:, 0, 1:].sum(-1), walked)
+    assert torch.equal(happened.sum(-1), walked)

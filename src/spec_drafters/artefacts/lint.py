@@ -334,8 +334,8 @@ def _decoding(setup: DrafterSetup) -> list[Finding]:
     check the decoder makes before its first forward (decode/hybrid.py ``check_rollback``), made here
     on the target's config alone. A warning: training does not decode, and a drafter for a target
     decoded elsewhere (vLLM, SGLang) is legitimate."""
-    from spec_drafters.decode.generate import new_cache
     from spec_drafters.decode.hybrid import check_rollback
+    from spec_drafters.decode.rounds import new_cache
     from spec_drafters.errors import InputError
 
     try:

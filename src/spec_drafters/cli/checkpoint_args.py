@@ -9,7 +9,7 @@ import sys
 
 from lightning.pytorch.utilities import rank_zero_warn
 
-from spec_drafters.cli.checks import read_config, resolve_class
+from spec_drafters.cli.checks import argv_flags, read_config, resolve_class
 from spec_drafters.errors import InputError, argument
 
 #: Model arguments that belong to this run, not to the checkpoint: where the target is loaded from (a
@@ -47,15 +47,13 @@ def _model_settings(argv: list[str]) -> dict[str, str]:
     was set: its ``--model.*`` flag, or the ``--config`` file whose ``model:`` section holds it (the
     last one on the command line wins, as in LightningCLI)."""
     where: dict[str, str] = {}
-    for i, arg in enumerate(argv):
-        name = arg.split("=", 1)[0]
-        if name.startswith("--model."):
-            key = name.rstrip("+")[len("--model.") :]
+    for flag, value in argv_flags(argv):
+        if flag.startswith("--model."):
+            key = flag.rstrip("+")[len("--model.") :]
             where[key] = f"--model.{key}"
-        elif name in ("--config", "-c") and ("=" in arg or i + 1 < len(argv)):
-            path = arg.split("=", 1)[1] if "=" in arg else argv[i + 1]
-            model = read_config(path).get("model")
-            where |= dict.fromkeys(_dotted_keys(model), path) if isinstance(model, dict) else {}
+        elif flag in ("--config", "-c") and value:
+            model = read_config(value).get("model")
+            where |= dict.fromkeys(_dotted_keys(model), value) if isinstance(model, dict) else {}
     return where
 
 

@@ -86,39 +86,43 @@ def check_components(cls: type, init_args: dict, flag: str) -> None:
                 _check_value(base, item, f"{flag}.{key}[{i}]")
 
 
+def argv_flags(argv: list[str]) -> list[tuple[str, str | None]]:
+    """A LightningCLI command line as (flag, value) pairs, ``--flag V`` and ``--flag=V`` alike: the one
+    reading of ``--config``, ``--model.*`` and section flags for every check made before parsing."""
+    pairs, i = [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg.startswith("-") and "=" in arg:
+            flag, value = arg.split("=", 1)
+        elif _takes_value(arg) and i + 1 < len(argv):
+            flag, value, i = arg, argv[i + 1], i + 1
+        else:
+            flag, value = arg, None
+        pairs.append((flag, value))
+        i += 1
+    return pairs
+
+
+def _takes_value(flag: str) -> bool:
+    return flag in ("--config", "-c") or flag.startswith("--model.") or flag in SECTION_FLAGS
+
+
 def config_paths(argv: list[str]) -> list[str]:
     """The ``--config``/``-c`` files of a LightningCLI command line, in order."""
-    paths = []
-    for i, arg in enumerate(argv):
-        if arg in ("--config", "-c") and i + 1 < len(argv):
-            paths.append(argv[i + 1])
-        elif arg.startswith("--config="):
-            paths.append(arg.split("=", 1)[1])
-    return paths
+    return [value for flag, value in argv_flags(argv) if flag in ("--config", "-c") and value]
 
 
 def _configs_from_argv(argv: list[str]) -> list[dict]:
-    configs, i = [], 0
-    while i < len(argv):
-        arg = argv[i]
-        path = None
-        if arg in ("--config", "-c") and i + 1 < len(argv):
-            path, i = argv[i + 1], i + 1
-        elif arg.startswith("--config="):
-            path = arg.split("=", 1)[1]
-        elif arg.startswith("--model.") and "=" not in arg and i + 1 < len(argv):
-            configs.append(_dotted(arg[2:], argv[i + 1]))
-            i += 1
-        elif arg.startswith("--model.") and "=" in arg:
-            key, value = arg[2:].split("=", 1)
-            configs.append(_dotted(key, value))
-        elif arg in SECTION_FLAGS and i + 1 < len(argv):  # --trainer FILE: a section read from a file
-            if Path(argv[i + 1]).is_file():
-                read_yaml(argv[i + 1])
-            i += 1
-        if path and Path(path).is_file():
-            configs.append(read_config(path))
-        i += 1
+    configs = []
+    for flag, value in argv_flags(argv):
+        if value is None:
+            continue
+        if flag in ("--config", "-c") and Path(value).is_file():
+            configs.append(read_config(value))
+        elif flag.startswith("--model."):
+            configs.append(_dotted(flag[2:], value))
+        elif flag in SECTION_FLAGS and Path(value).is_file():  # --trainer FILE: a section read from a file
+            read_yaml(value)
     return configs
 
 

@@ -14,6 +14,7 @@ import os
 import sys
 from pathlib import Path
 
+from spec_drafters.artefacts.setup import DrafterSetup
 from spec_drafters.cli.checks import out_file
 from spec_drafters.cli.setup_args import load_setup
 from spec_drafters.errors import InputError
@@ -43,7 +44,7 @@ def generate_parser() -> argparse.ArgumentParser:
 
 def generate(argv: list[str]) -> None:
     """``spec-drafters generate``: prompts through the target with the drafter and a chosen verifier."""
-    from spec_drafters.decode.generate import check_fits
+    from spec_drafters.decode.summary import check_prompts
 
     ap = generate_parser()
     args, rest = ap.parse_known_args(argv)
@@ -53,13 +54,10 @@ def generate(argv: list[str]) -> None:
     texts = _texts(args)
     setup = load_setup(rest)
     prompts = [setup.tokenizer.encode(text) for text in texts]
-    for i, prompt in enumerate(prompts):  # all of them before decoding any
-        if not prompt:
-            raise InputError(f"generate: prompt {i} is empty (0 tokens); decoding needs a prompt")
-        try:
-            check_fits(setup.target, len(prompt), args.max_new_tokens, f"prompt {i}")
-        except ValueError as e:
-            raise InputError(f"generate: {e}") from None
+    try:
+        check_prompts(setup.target, prompts, args.max_new_tokens, "generate")
+    except ValueError as e:
+        raise InputError(str(e)) from None
     verifier = name_of(setup.verifier)
     with _Rows(out) as rows:
         for i, prompt in enumerate(prompts):
@@ -125,31 +123,26 @@ def prompt_texts(humaneval: int | None, prompts: str | None) -> list[str]:
     return chosen.prompts()
 
 
-def _decode(setup, i: int, prompt: list[int], verifier: str, args: argparse.Namespace) -> dict:
-    """One prompt's row: the speculative decode and, unless --no_greedy, the plain greedy one."""
+def _decode(setup: DrafterSetup, i: int, prompt: list[int], verifier: str, args: argparse.Namespace) -> dict:
+    """One prompt's row: the speculative decode and, unless --no_greedy, the plain one that chooses
+    tokens the same way (decode/summary.py: one rule with the validation callback)."""
     from spec_drafters.decode.generate import sample_generate
-    from spec_drafters.decode.summary import prompt_row
+    from spec_drafters.decode.summary import decode_prompt
 
-    sampling = setup.verifier.sampling
-    spec = setup.speculate(prompt, args.max_new_tokens)
-    if args.no_greedy:
-        plain = None
-    elif sampling.greedy:
-        plain = setup.greedy(prompt, args.max_new_tokens)
-    else:
-        plain = sample_generate(setup.target, prompt, args.max_new_tokens, setup.card.eos_token_ids, sampling)
-    row = {
-        "prompt": i,
-        "verifier": verifier,
-        "prompt_tokens": len(prompt),
-        "output": setup.tokenizer.decode(spec.tokens),
-        **prompt_row(spec, plain, sampled=not sampling.greedy),
-    }
+    eos, sampling = setup.card.eos_token_ids, setup.verifier.sampling
+
+    def plain(p: list[int], s) -> object:
+        return sample_generate(setup.target, p, args.max_new_tokens, eos, s)
+
+    decoders = {"": (lambda p: setup.speculate(p, args.max_new_tokens), sampling)}
+    one, spec = decode_prompt(prompt, decoders, None if args.no_greedy else plain)[""]
+    row = {"prompt": i, "verifier": verifier, "prompt_tokens": len(prompt)}
+    row |= {"output": setup.tokenizer.decode(spec.tokens), **one}
     stats = f"tau {row['tau']:.2f}, {row['tokens_per_s']:.1f} tok/s"
     if "speedup" in row:
         stats += f", speedup {row['speedup']:.2f}"
         stats += f", lossless {row['lossless']}" if row["lossless"] is not None else " (sampled)"
-    print(f"[{i}] {len(spec.tokens)} tokens, {spec.rounds} rounds, {stats}")
+    print(f"[{i}] {row['new_tokens']} tokens, {row['rounds']} rounds, {stats}")
     return row
 
 

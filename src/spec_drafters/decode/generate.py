@@ -40,16 +40,24 @@ from dataclasses import dataclass, field
 import torch
 
 from spec_drafters.decode import hybrid
-from spec_drafters.decode.acceptance import accepted_nodes
 from spec_drafters.decode.lookup import graft, lookup_continuation
+from spec_drafters.decode.rounds import (
+    VerifyBatch,
+    accept_path,
+    check_fits,
+    draft_logits,
+    keep_cache,
+    new_cache,
+    positions,
+    prefill,
+    tap_features,
+)
 from spec_drafters.decode.sampling import GREEDY, Sampling, chain_accept, draw, tree_accept
 from spec_drafters.decode.verifiers import Verifier
-from spec_drafters.model.blocks import build_blocks
 from spec_drafters.model.drafter import ContextCache, DFlashDrafter
 from spec_drafters.model.kernels import packed_linears as _packed
 from spec_drafters.model.tree import DraftTree
-from spec_drafters.target.features import fc_input
-from spec_drafters.target.frozen import FrozenTarget, crop_cache, keep_layer
+from spec_drafters.target.frozen import FrozenTarget
 
 
 @dataclass
@@ -78,39 +86,12 @@ class DecodeResult:
         return len(self.tokens) / max(self.seconds, 1e-9)
 
 
-def new_cache(target: FrozenTarget):
-    from transformers import DynamicCache
-
-    try:
-        return DynamicCache(config=target.model.config)
-    except TypeError:  # transformers 4.x
-        return DynamicCache()
-
-
-def _positions(start: int, length: int, device) -> torch.Tensor:
-    return torch.arange(start, start + length, device=device)[None]  # (1, T)
-
-
 def _finish(tokens: list[int], max_new_tokens: int, eos: set[int]) -> tuple[list[int], bool]:
     """Cuts after the first EOS or at the budget; says whether decoding is over."""
     for i, t in enumerate(tokens[:max_new_tokens]):
         if t in eos:
             return tokens[: i + 1], True
     return tokens[:max_new_tokens], len(tokens) >= max_new_tokens
-
-
-def check_fits(
-    target: FrozenTarget, prompt_tokens: int, max_new_tokens: int, what: str = "the prompt"
-) -> None:
-    """Refuses a decode that would run past the target's context: it would compute for minutes over
-    positions the target was never built for, and say nothing until it ends."""
-    limit = target.context_length
-    if limit is not None and prompt_tokens + max_new_tokens > limit:
-        raise ValueError(
-            f"{what} has {prompt_tokens} tokens, + max_new_tokens {max_new_tokens} = "
-            f"{prompt_tokens + max_new_tokens}, more than the target's context of {limit} tokens "
-            "(max_position_embeddings): shorten the prompt or lower max_new_tokens"
-        )
 
 
 @torch.no_grad()
@@ -148,9 +129,8 @@ def _plain(
     t0 = time.perf_counter()
     device = target.embed_tokens.weight.device
     rng = None if sampling.greedy else sampling.generator(device)
-    ids = torch.tensor([prompt], device=device)
     cache = new_cache(target)
-    out = target(ids, position_ids=_positions(0, len(prompt), device), cache=cache, use_cache=True)
+    out, _ = prefill(target, prompt, cache)
     tokens = [next_token(target.head(out.hidden[0, -1]), sampling, rng)]
     tokens, done = _finish(tokens, max_new_tokens, set(eos_ids))
     while not done:
@@ -179,7 +159,7 @@ def greedy_step(
     device = target.embed_tokens.weight.device
     out = target(
         torch.tensor([[token]], device=device),
-        position_ids=_positions(position, 1, device),
+        position_ids=positions(position, 1, device),
         cache=cache,
         use_cache=True,
     )
@@ -281,15 +261,10 @@ def _speculative(
     rng = None if verifier.sampling.greedy else verifier.sampling.generator(device)
     cache = new_cache(target)
     hybrid.check_rollback(target, cache)  # one message, before any forward, for a cache we cannot roll back
-    out = target(
-        torch.tensor([prompt], device=device),
-        position_ids=_positions(0, len(prompt), device),
-        cache=cache,
-        use_cache=True,
-    )
+    out, features = prefill(target, prompt, cache, None if drafter is None else fc_ids)
     context = None if drafter is None else ContextCache(drafter)
     if context is not None:
-        context.append(_features(out, fc_ids, list(range(len(prompt)))))  # positions 0..P-1
+        context.append(features)  # positions 0..P-1
     bonus = next_token(target.head(out.hidden[0, -1]), verifier.sampling, rng)
     tokens, done = _finish([bonus], max_new_tokens, eos)
     history = [*prompt, bonus]  # what a verifier may copy from; grows by each round's commit
@@ -334,50 +309,42 @@ def speculative_round(
     Returns the accepted path (node indices, the root first) and the committed tokens (accepted
     drafts, then the next bonus); the target cache and the drafter context grow by the path.
     """
-    device = target.embed_tokens.weight.device
-    if drafter is None:
-        tree = DraftTree([], [], [], [])
-    else:
-        tree = verifier.propose(_draft_logits(target, drafter, context, bonus, start, depth), rng)
-        if drafter.draft_ids is not None:  # draft-vocabulary indices -> target token ids
-            tree.tokens = drafter.draft_ids[tree.tokens].tolist()
-            if tree.draft_probs is not None:  # the drafts' distributions, over the target's vocabulary
-                full = tree.draft_probs.new_zeros((tree.draft_probs.shape[0], target.vocab_size))
-                tree.draft_probs = full.index_copy_(1, drafter.draft_ids.to(full.device), tree.draft_probs)
+    tree = _draft_tree(target, drafter, verifier, context, bonus, start, depth, rng)
     tree = verifier.with_context(tree, history if history is not None else [bonus], depth)
-    ids = [bonus, *tree.tokens]  # node 0 is the bonus (the root)
-    parents = [-1, *(p + 1 for p in tree.parents)]
-    depths = [0, *tree.depths]
-    block = torch.tensor([ids], device=device)
+    batch = VerifyBatch.of(bonus, tree)
     # A hybrid target's recurrent layers verify along each node's path and are set by the commit
     # (decode/hybrid.py); a plain target's forward and cache handling are untouched.
     recurrent = hybrid.is_hybrid(cache)
-    with hybrid.tree_forward(target, parents) if recurrent else contextlib.nullcontext() as record:
-        if tree.is_chain:  # positions start.. and the cache's causal mask are the chain's tree mask
-            out = target(block, position_ids=_positions(start, len(ids), device), cache=cache, use_cache=True)
-        else:
-            out = target(
-                block,
-                position_ids=torch.tensor([depths], device=device) + start,
-                attention_mask=tree_attention_mask(start, parents, target.embed_tokens.weight.dtype, device),
-                cache=cache,
-                use_cache=True,
-            )
+    with hybrid.tree_forward(target, batch.parents) if recurrent else contextlib.nullcontext() as record:
+        out = batch.forward(target, cache, start)
     logits = target.head(out.hidden)[0]  # (T, V): the target after each node
     if verifier.sampling.greedy:
         posterior = logits.argmax(-1).tolist()  # target's token after each node
-        path = accept_path(ids, parents, posterior)  # [0, ...]: the root and the accepted nodes
-        committed = [*(ids[i] for i in path[1:]), posterior[path[-1]]]  # accepted drafts + next bonus
+        path = accept_path(batch.ids, batch.parents, posterior)  # [0, ...]: the root and the accepted nodes
+        nxt = posterior[path[-1]]
     else:
         path, nxt = sampled_path(tree, logits, verifier.sampling, rng)
-        committed = [*(ids[i] for i in path[1:]), nxt]
+    committed = [*(batch.ids[i] for i in path[1:]), nxt]  # accepted drafts + next bonus
     if recurrent:
         hybrid.commit(cache, record, start, path)
     else:
         keep_cache(cache, start, path)  # the target cache holds the committed path only
     if context is not None:
-        context.append(_features(out, fc_ids, path))  # their tapped features join the drafter's context
+        context.append(tap_features(out, fc_ids, path))  # their tapped features join the drafter's context
     return path, committed
+
+
+def _draft_tree(target, drafter, verifier, context, bonus: int, start: int, depth: int, rng) -> DraftTree:
+    """The verifier's tree from one drafter pass, in target token ids (empty without a drafter)."""
+    if drafter is None:
+        return DraftTree([], [], [], [])
+    tree = verifier.propose(draft_logits(target, drafter, context, bonus, start, depth), rng)
+    if drafter.draft_ids is not None:  # draft-vocabulary indices -> target token ids
+        tree.tokens = drafter.draft_ids[tree.tokens].tolist()
+        if tree.draft_probs is not None:  # the drafts' distributions, over the target's vocabulary
+            full = tree.draft_probs.new_zeros((tree.draft_probs.shape[0], target.vocab_size))
+            tree.draft_probs = full.index_copy_(1, drafter.draft_ids.to(full.device), tree.draft_probs)
+    return tree
 
 
 def sampled_path(
@@ -395,62 +362,3 @@ def sampled_path(
         return list(range(k + 1)), nxt
     nodes, nxt = tree_accept(tree.tokens, tree.parents, lambda n: target_probs(n + 1), rng)
     return [0, *(n + 1 for n in nodes)], nxt
-
-
-def _features(out, fc_ids: list[int], nodes: list[int]) -> torch.Tensor:
-    """The drafter's input features of the given positions of a target output -> (1, T, n*H)."""
-    return fc_input(out, fc_ids, torch.tensor(nodes, device=out.hidden.device))
-
-
-def _draft_logits(
-    target: FrozenTarget, drafter: DFlashDrafter, context: ContextCache, bonus: int, start: int, depth: int
-) -> torch.Tensor:
-    """One drafter pass over [bonus, MASK x depth] at positions start.. -> logits of the drafts (depth, V)
-    (V_d columns, draft-vocabulary indices, when the drafter has a draft vocabulary)."""
-    device = target.embed_tokens.weight.device
-    if depth == 0:
-        return torch.empty((0, drafter.config.draft_vocab_size or target.vocab_size), device=device)
-    # One block anchored at the bonus, built as in training: [bonus, MASK x depth] at start.. .
-    anchor = torch.zeros((1, 1), dtype=torch.long, device=device)
-    block, offsets = build_blocks(
-        torch.tensor([[bonus]], device=device), anchor, depth + 1, drafter.config.mask_token_id
-    )
-    hidden = drafter(target.embed(block), offsets + start, context.kv)  # (1, D+1, H)
-    return drafter.logits(hidden[0, 1:], target.lm_head)  # (D, V), or (D, V_d) over a draft vocabulary
-
-
-def accept_path(ids: list[int], parents: list[int], posterior: list[int]) -> list[int]:
-    """The accepted path of a verified tree, the root (node 0, the bonus) first (acceptance.py).
-
-    ``ids``/``parents``: the verified nodes, root first (its parent -1, the others' parents index this
-    list); ``posterior[i]`` is the target's greedy token after node i.
-    """
-    nodes = accepted_nodes(ids[1:], [p - 1 for p in parents[1:]], lambda node, _depth: posterior[node + 1])
-    return [0, *(n + 1 for n in nodes)]
-
-
-def tree_attention_mask(ctx_len: int, parents: list[int], dtype: torch.dtype, device) -> torch.Tensor:
-    """Additive (1, 1, T, ctx + T) mask: node i sees the committed context, its ancestors and itself."""
-    t = len(parents)
-    sees = torch.zeros((t, t), dtype=torch.bool)
-    for i, p in enumerate(parents):  # parents come before children (pop order)
-        if p >= 0:
-            sees[i] = sees[p]
-        sees[i, i] = True
-    allowed = torch.cat([torch.ones((t, ctx_len), dtype=torch.bool), sees], dim=1).to(device)
-    mask = torch.zeros(allowed.shape, dtype=dtype, device=device)
-    return mask.masked_fill(~allowed, torch.finfo(dtype).min)[None, None]
-
-
-def keep_cache(cache, start: int, path: list[int]) -> None:
-    """Keeps the first ``start`` positions and the path's nodes (indices from ``start``) in a KV cache."""
-    if path == list(range(len(path))):  # a chain prefix: cropping is enough
-        crop_cache(cache, start + len(path))
-        return
-    for layer in cache.layers:
-        if not (hasattr(layer, "keys") and type(layer).__name__ == "DynamicLayer"):
-            raise TypeError(
-                f"tree verification compacts a plain attention KV cache; this target's cache has "
-                f"{type(layer).__name__} layers (recurrent or sliding-window state cannot branch)"
-            )
-        keep_layer(layer, start, path)

@@ -12,7 +12,12 @@ A decoder that samples (temperature > 0) is compared with plain sampling at the 
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from spec_drafters.decode.generate import DecodeResult
+from spec_drafters.decode.rounds import check_fits
+from spec_drafters.decode.sampling import Sampling
+from spec_drafters.target.frozen import FrozenTarget
 
 
 def prompt_row(spec: DecodeResult, plain: DecodeResult | None = None, sampled: bool = False) -> dict:
@@ -61,4 +66,36 @@ def summarize(rows: list[dict]) -> dict:
             if any(r["lossless"] is None for r in rows)
             else sum(r["lossless"] for r in rows) / n,
         )
+    return out
+
+
+#: A decoder to compare: a function prompt -> DecodeResult, and how it chooses tokens (its baseline
+#: is plain decoding that chooses them the same way).
+Decoder = tuple[Callable[[list[int]], DecodeResult], Sampling]
+
+
+def check_prompts(target: FrozenTarget, prompts: list[list[int]], max_new_tokens: int, who: str) -> None:
+    """Every prompt is checked before any is decoded: a refusal at prompt 9 would lose prompts 0-8."""
+    for i, prompt in enumerate(prompts):
+        if not prompt:
+            raise ValueError(f"{who}: prompt {i} is empty (0 tokens); decoding needs a prompt")
+        check_fits(target, len(prompt), max_new_tokens, f"{who}: prompt {i}")
+
+
+def decode_prompt(
+    prompt: list[int],
+    decoders: dict[str, Decoder],
+    plain: Callable[[list[int], Sampling], DecodeResult] | None,
+) -> dict[str, tuple[dict, DecodeResult]]:
+    """One prompt through every decoder: name -> (its :func:`prompt_row`, its result). The plain baselines run
+    first, once per distinct sampling (every greedy decoder shares the greedy run); ``plain`` None:
+    no baseline (no speedup, no lossless)."""
+    baselines = {}
+    if plain is not None:
+        for sampling in dict.fromkeys(s for _, s in decoders.values()):
+            baselines[sampling] = plain(prompt, sampling)
+    out = {}
+    for name, (decode, sampling) in decoders.items():
+        result = decode(prompt)
+        out[name] = prompt_row(result, baselines.get(sampling), sampled=not sampling.greedy), result
     return out

@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from spec_drafters.decode import generate
+from spec_drafters.decode import generate, rounds
 from spec_drafters.decode.cost import RoundCost
 from spec_drafters.decode.verifiers import DDTree
 from spec_drafters.model.drafter import ContextCache
@@ -44,16 +44,10 @@ def measure(
 
 
 def _measure(target, drafter, fc_ids: list[int], context: list[int], tokens: list[int], repeats: int):
-    device = target.embed_tokens.weight.device
-    cache, c = generate.new_cache(target), len(context)
-    out = target(
-        torch.tensor([context], device=device),
-        position_ids=generate._positions(0, c, device),
-        cache=cache,
-        use_cache=True,
-    )
+    cache, c = rounds.new_cache(target), len(context)
+    out, features = rounds.prefill(target, context, cache, fc_ids)
     kv = ContextCache(drafter)
-    kv.append(generate._features(out, fc_ids, list(range(c))))
+    kv.append(features)
     bonus = int(target.head(out.hidden[:, -1]).argmax(-1))
     k = drafter.config.block_size
 
@@ -62,28 +56,16 @@ def _measure(target, drafter, fc_ids: list[int], context: list[int], tokens: lis
         crop_cache(cache, c)
 
     def draft():
-        return generate._draft_logits(target, drafter, kv, bonus, c, k - 1)
+        return rounds.draft_logits(target, drafter, kv, bonus, c, k - 1)
 
     logits = draft()
     greedy = _median_seconds(step, repeats)
     verify = []
     for t in tokens:
-        tree = DDTree(max(1, t - 1)).propose(logits) if t > 1 else None
-        parents = [-1] if tree is None else [-1, *(p + 1 for p in tree.parents)]
-        ids = [bonus] if tree is None else [bonus, *tree.tokens]
-        depths = [0] if tree is None else [0, *tree.depths]
-        mask = generate.tree_attention_mask(c, parents, target.embed_tokens.weight.dtype, device)
-        pos = torch.tensor([depths], device=device) + c
+        batch = rounds.VerifyBatch.of(bonus, DDTree(max(1, t - 1)).propose(logits) if t > 1 else None)
 
-        def fwd(ids=ids, pos=pos, mask=mask):
-            o = target(
-                torch.tensor([ids], device=device),
-                position_ids=pos,
-                attention_mask=mask,
-                cache=cache,
-                use_cache=True,
-            )
-            target.head(o.hidden).argmax(-1)
+        def fwd(batch=batch):
+            target.head(batch.forward(target, cache, c).hidden).argmax(-1)
             crop_cache(cache, c)
 
         verify.append(_median_seconds(fwd, repeats) / greedy)

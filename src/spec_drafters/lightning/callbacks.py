@@ -27,14 +27,9 @@ from lightning.pytorch.trainer.states import RunningStage, TrainerFn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from spec_drafters.data.prompts import HumanEvalPrompts, PromptSet
-from spec_drafters.decode.generate import (
-    check_fits,
-    prompt_lookup_generate,
-    sample_generate,
-    speculative_generate,
-)
+from spec_drafters.decode.generate import prompt_lookup_generate, sample_generate
 from spec_drafters.decode.sampling import GREEDY, Sampling
-from spec_drafters.decode.summary import prompt_row, summarize
+from spec_drafters.decode.summary import Decoder, check_prompts, decode_prompt, summarize
 from spec_drafters.decode.verifiers import Verifier
 
 PROMPT_LOOKUP_IMPL = "fast_path"  # prompt lookup on the drafters' target path (decode/generate.py)
@@ -74,31 +69,17 @@ class SpeculativeDecodingEval(pl.Callback):
         self.during_fit, self.output = during_fit, output
         self.last: dict[str, float] = {}
 
-    def _samplings(self, module) -> dict[str, Sampling]:
-        """suffix -> how that decoder chooses tokens (its plain baseline decodes the same way)."""
-        out = {"": module.verifier.sampling}
-        out.update({"_" + v.label(): v.sampling for v in self.verifiers})
-        if self.prompt_lookup_tokens:
-            out["_prompt_lookup"] = GREEDY
-        return out
-
-    def _decoders(self, module) -> dict[str, object]:
-        """suffix -> a function prompt -> DecodeResult."""
-        out = {"": lambda p: module.speculate(p, self.max_new_tokens)}
+    def _decoders(self, module) -> dict[str, Decoder]:
+        """suffix -> (a function prompt -> DecodeResult, how it chooses tokens)."""
+        setup, n = module.built, self.max_new_tokens
+        out = {"": (lambda p: setup.speculate(p, n), setup.verifier.sampling)}
         for v in self.verifiers:
-            out["_" + v.label()] = lambda p, v=v: speculative_generate(
-                module.target,
-                module.drafter,
-                module.fc_ids,
-                v,
-                p,
-                self.max_new_tokens,
-                module.card.eos_token_ids,
-            )
+            out["_" + v.label()] = (lambda p, v=v: setup.speculate(p, n, v), v.sampling)
         if self.prompt_lookup_tokens:
-            n, eos = self.prompt_lookup_tokens, module.card.eos_token_ids
-            out["_prompt_lookup"] = lambda p: prompt_lookup_generate(
-                module.target, p, self.max_new_tokens, eos, num_tokens=n
+            eos, k = setup.card.eos_token_ids, self.prompt_lookup_tokens
+            out["_prompt_lookup"] = (
+                lambda p: prompt_lookup_generate(setup.target, p, n, eos, num_tokens=k),
+                GREEDY,
             )
         return out
 
@@ -111,25 +92,25 @@ class SpeculativeDecodingEval(pl.Callback):
             # are still computed; decode on one device with `spec-drafters validate` or `generate`.
             rank_zero_warn("SpeculativeDecodingEval: skipped with more than one process (sharded drafter)")
             return
-        decoders, samplings = self._decoders(module), self._samplings(module)
-        prompts = [module.tokenizer.encode(text) for text in self.prompts.prompts()]
-        for i, prompt in enumerate(prompts):  # all of them before decoding any
-            check_fits(module.target, len(prompt), self.max_new_tokens, f"{type(self).__name__}: prompt {i}")
+        decoders, setup = self._decoders(module), module.built
+        prompts = [setup.tokenizer.encode(text) for text in self.prompts.prompts()]
+        check_prompts(setup.target, prompts, self.max_new_tokens, type(self).__name__)
+        eos = setup.card.eos_token_ids
+
+        def plain(p: list[int], s: Sampling):
+            return sample_generate(setup.target, p, self.max_new_tokens, eos, s)
+
         per_decoder: dict[str, list[dict]] = {suffix: [] for suffix in decoders}
         rows = []
-        eos = module.card.eos_token_ids
         for i, prompt in enumerate(prompts):
-            plain = {GREEDY: module.greedy(prompt, self.max_new_tokens)}
-            for s in set(samplings.values()) - {GREEDY}:  # plain sampling, each sampled decoder's baseline
-                plain[s] = sample_generate(module.target, prompt, self.max_new_tokens, eos, s)
             row = {"prompt": i, "prompt_tokens": len(prompt)}
             if "_prompt_lookup" in decoders:  # which prompt lookup ran: older rows timed transformers'
                 row["prompt_lookup_impl"] = PROMPT_LOOKUP_IMPL
-            for suffix, decode in decoders.items():
-                s = samplings[suffix]  # decode/summary.py: one rule for every caller
-                one = prompt_row(decode(prompt), plain[s], sampled=not s.greedy)
+            for suffix, (one, _) in decode_prompt(prompt, decoders, plain).items():
                 per_decoder[suffix].append(one)
-                shared = s.greedy  # the greedy baseline's keys are shared by every greedy decoder
+                shared = decoders[suffix][
+                    1
+                ].greedy  # the greedy baseline's keys are shared by every greedy decoder
                 row.update(
                     {k if shared and k.startswith("greedy_") else f"{k}{suffix}": v for k, v in one.items()}
                 )
@@ -137,7 +118,7 @@ class SpeculativeDecodingEval(pl.Callback):
         self.last = {"decode/prompts": float(len(rows))}
         for suffix, decoded in per_decoder.items():
             summary = summarize(decoded)
-            if samplings[suffix].greedy:  # the same for every greedy decoder
+            if decoders[suffix][1].greedy:  # the same for every greedy decoder
                 self.last["decode/greedy_tokens_per_s"] = summary["greedy_tokens_per_s"]
             for key in ("tau", "tau_pooled", "tokens_per_s", "speedup", "lossless"):
                 if summary[key] is not None:  # a sampled decoder has no lossless

@@ -146,22 +146,21 @@ class OfflineAcceptance(nn.Module):
 
     @classmethod
     def for_verifiers(cls, block_size: int, verifier: Verifier, extra: list[Verifier] | None):
-        """The greedy chain always (val/tau), the configured verifier (val/tau_<name>) and the extra
-        ones (val/tau_<name>_b<budget>). A sampling chain is measured at its temperature
-        (val/tau_greedy_chain_t0.7: the expected accepted length, docs/sampling.md); a sampling tree
-        has no offline tau: as the configured verifier it is measured greedy, under its name only,
-        and as an extra one it is refused."""
+        """The greedy chain always (val/tau), then the configured verifier and the extra ones, each
+        named by one rule, its ``label()`` (val/tau_ddtree_b32, as decode/* names them; before issue 34
+        the configured one was val/tau_ddtree: docs/verifiers.md, "Metric names"). A sampling chain is
+        measured at its temperature (val/tau_greedy_chain_t0.7: the expected accepted length,
+        docs/sampling.md); a sampling tree has no offline tau: as the configured verifier it is
+        measured greedy (under its greedy label), and as an extra one it is refused."""
         from spec_drafters.decode.verifiers import GreedyChain
-        from spec_drafters.registry import name_of
 
         verifiers: dict[str, Verifier] = {"chain": GreedyChain()}
         if isinstance(verifier, GreedyChain):  # (the default is a lazy subclass instance)
             if getattr(verifier, "max_depth", None) is not None or not verifier.sampling.greedy:
                 verifiers[verifier.label()] = verifier  # a cut or a sampling chain, beside the full one
-        elif verifier.sampling.greedy:  # the configured one by name: val/tau_ddtree
-            verifiers[name_of(verifier)] = verifier
         else:
-            verifiers[name_of(verifier)] = _greedy_twin(verifier)
+            measured = verifier if verifier.sampling.greedy else _greedy_twin(verifier)
+            verifiers[measured.label()] = measured
         for v in extra or []:
             if not v.sampling.greedy and not isinstance(v, GreedyChain):
                 raise ValueError(
@@ -170,6 +169,8 @@ class OfflineAcceptance(nn.Module):
                     "(the SpeculativeDecodingEval callback) or give it temperature 0"
                 )
             label = v.label()
+            if label in verifiers and _same(verifiers[label], v):
+                continue  # the configured verifier listed again: measured once
             verifiers[f"{label}_{len(verifiers)}" if label in verifiers else label] = v
         return cls(block_size, verifiers)
 
@@ -224,6 +225,13 @@ class OfflineAcceptance(nn.Module):
         for metric in (self.acc, *self.tau, *self.curve, self.calibration):
             metric.reset()
         return metrics, curves, table
+
+
+def _same(a: Verifier, b: Verifier) -> bool:
+    """Two verifiers that accept alike: the same class and settings."""
+    from spec_drafters.registry import as_config
+
+    return as_config(a) == as_config(b)
 
 
 def _greedy_twin(verifier: Verifier) -> Verifier:
