@@ -379,6 +379,6 @@ def test_offline_sampled_tau_refusals():
             **common, val_target_source=DatasetTokens(), eval_verifiers=[GreedyChain(temperature=0.7)]
         )
     assert bad.value.argument == "val_target_source"
-    # A configured sampling tree is measured greedy, under its name only.
+    # A configured sampling tree is measured greedy, under its greedy label.
     module = DFlashModule(**common, verifier=DDTree(8, temperature=0.7))
-    assert "ddtree" in module.offline.verifiers and not module.offline.needs_distribution
+    assert "ddtree_b8" in module.offline.verifiers and not module.offline.needs_distribution

@@ -176,9 +176,10 @@ def test_the_decoding_callback_checks_every_prompt_before_decoding_any(tmp_path,
 
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt": "def f():"}\n' + f'{{"prompt": "{"y" * 4095}"}}\n')
-    module = load_setup(["--config", TINY], quiet=True)
+    setup = load_setup(["--config", TINY], quiet=True)
+    module = SimpleNamespace(built=setup)  # what the callback reads of the LightningModule
     decoded = []
-    monkeypatch.setattr(module, "greedy", lambda prompt, n: decoded.append(prompt))
+    monkeypatch.setattr(setup, "speculate", lambda prompt, n, v=None: decoded.append(prompt))
     trainer = SimpleNamespace(
         sanity_checking=False, state=SimpleNamespace(fn=TrainerFn.VALIDATING), world_size=1
     )

@@ -60,8 +60,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 def regenerate(argv: list[str]) -> None:
+    from spec_drafters.cli.setup_args import load_setup
     from spec_drafters.data import regenerate as rg
-    from spec_drafters.decode.engines import InProcess, OpenAICompatible, Settings
 
     args, rest = parser().parse_known_args(argv)
     out = Path(args.out)
@@ -69,21 +69,53 @@ def regenerate(argv: list[str]) -> None:
         raise InputError(f"--out {out} is a file; regenerate writes a folder")
     if args.part_size < 1 or not 0 <= args.val_fraction < 1:
         raise InputError("--part_size must be >= 1 and --val_fraction in [0, 1)")
-    settings = Settings(args.max_tokens, args.temperature, args.top_p, args.seed)
-    thinking = None if args.thinking is None else args.thinking == "on"
+    items, run = _prompts(args)
+    engine = _engine(args)
+    before = _resumable(out / "manifest.json", run, items)
+    counted = run["prompts"]
+    removed, gone = counted["decontaminated"], sum(counted["decontaminated"].values())
+    print(f"regenerate: {counted['read']} prompts read, {counted['duplicates_removed']} duplicates and "
+          f"{gone} contaminated removed ({removed}), {len(items)} to answer", file=sys.stderr)  # fmt: skip
+    setup = load_setup(rest, quiet=True)
+    run["engine"] = engine.start(setup.target, setup.tokenizer, setup.card)
+    run["target"] = setup.card.name
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "manifest.json").write_text(
+        json.dumps({**run, "items": [i.id for i in items], "status": "running"}) + "\n"
+    )
+    t0 = time.time()
+    answer = _answerer(args, engine, setup.tokenizer, set(setup.card.eos_token_ids))
+    counts = rg.answer_parts(
+        items, answer, out, args.part_size, args.val_fraction, not args.no_progress, args.raw
+    )
+    corpus = rg.assemble_corpus(out / "parts", counts["parts"], out / "corpus.jsonl.gz")
+    this_call = {**counts, "tokens_per_s": round(counts["tokens"] / max(counts["seconds"], 1e-9), 2),
+                 "wall_s": round(time.time() - t0, 1), "command": ["spec-drafters", "regenerate", *argv],
+                 "git": _git(), "time": time.strftime("%Y-%m-%dT%H:%M:%S")}  # fmt: skip
+    calls = [*(before or {}).get("calls", []), this_call]
+    manifest = {**run, "corpus": corpus, "calls": calls, "items": [i.id for i in items], "status": "done"}
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1) + "\n")
+    print(json.dumps({"records": corpus["records"], "finished": corpus["finished"], **this_call,
+                      "command": None}))  # fmt: skip
+
+
+def _settings(args: argparse.Namespace):
+    from spec_drafters.decode.engines import Settings
+
+    return Settings(args.max_tokens, args.temperature, args.top_p, args.seed)
+
+
+def _prompts(args: argparse.Namespace) -> tuple[list, dict]:
+    """The prompts to answer (read, deduplicated, decontaminated) and the run's record of them."""
+    from spec_drafters.data import regenerate as rg
+
+    settings = _settings(args)  # checked before any file is read
     items = rg.read_prompts(args.prompts, args.limit)
     read = len(items)
     items, duplicates = rg.dedupe(items)
     items, removed = rg.decontaminate(items, {name: _eval_set(name) for name in args.decontaminate})
     if args.raw and any(len(it.turns) != 1 for it in items):
         raise InputError("--raw takes single prompts; these records hold conversations (drop --raw)")
-    engine = (
-        InProcess(args.batch_size)
-        if args.engine == "transformers"
-        else OpenAICompatible(
-            args.base_url, args.served_model, args.concurrency, args.retries, args.timeout, args.api_key
-        )
-    )
     run = {
         "settings": {**vars(settings), "thinking": args.thinking, "raw": args.raw,
                      "batch_size": args.batch_size, "val_fraction": args.val_fraction,
@@ -91,31 +123,44 @@ def regenerate(argv: list[str]) -> None:
         "prompts": {"files": args.prompts, "read": read, "duplicates_removed": duplicates,
                     "decontaminated": removed, "kept": len(items)},
     }  # fmt: skip
-    manifest_path = out / "manifest.json"
+    return items, run
+
+
+def _resumable(manifest_path: Path, run: dict, items: list) -> dict | None:
+    """The manifest of the run this one continues (None for a new one); another run's is refused."""
     before = json.loads(manifest_path.read_text()) if manifest_path.is_file() else None
     if before is not None and (
         before.get("settings") != run["settings"] or before.get("items") != [i.id for i in items]
     ):
         raise InputError(
-            f"--out {out} holds a regeneration with other settings or prompts ({manifest_path}); "
-            "give another --out, or the same arguments to continue it"
+            f"--out {manifest_path.parent} holds a regeneration with other settings or prompts "
+            f"({manifest_path}); give another --out, or the same arguments to continue it"
         )
-    gone = sum(removed.values())
-    print(f"regenerate: {read} prompts read, {duplicates} duplicates and {gone} contaminated removed "
-          f"({removed}), {len(items)} to answer", file=sys.stderr)  # fmt: skip
-    from spec_drafters.cli.setup_args import load_setup
+    return before
 
-    setup = load_setup(rest, quiet=True)
-    tokenizer, card = setup.tokenizer, setup.card
-    run["engine"] = engine.start(setup.target, tokenizer, card)
-    run["target"] = card.name
+
+def _engine(args: argparse.Namespace):
+    from spec_drafters.decode.engines import InProcess, OpenAICompatible
+
+    if args.engine == "transformers":
+        return InProcess(args.batch_size)
+    return OpenAICompatible(
+        args.base_url, args.served_model, args.concurrency, args.retries, args.timeout, args.api_key
+    )
+
+
+def _answerer(args: argparse.Namespace, engine, tokenizer, end: set[int]):
+    """part of prompts -> their answers: each prompt's ids (raw text, or the chat template with
+    thinking on or off), the engine's reply ids and the text without the final EOS."""
+    from spec_drafters.data import regenerate as rg
+
+    settings = _settings(args)
+    thinking = None if args.thinking is None else args.thinking == "on"
 
     def prompt_ids(item) -> list[int]:
         if args.raw:
             return tokenizer.encode(item.turns[0]["content"])
         return tokenizer.chat_ids(item.turns, add_generation_prompt=True, enable_thinking=thinking)
-
-    end = set(card.eos_token_ids)
 
     def answer(part):
         prompts = [prompt_ids(it) for it in part]
@@ -126,21 +171,7 @@ def regenerate(argv: list[str]) -> None:
             answers.append(rg.Answer(p, ids, tokenizer.decode(body), reason))
         return answers
 
-    out.mkdir(parents=True, exist_ok=True)
-    manifest_path.write_text(json.dumps({**run, "items": [i.id for i in items], "status": "running"}) + "\n")
-    t0 = time.time()
-    counts = rg.answer_parts(
-        items, answer, out, args.part_size, args.val_fraction, not args.no_progress, args.raw
-    )
-    corpus = rg.assemble_corpus(out / "parts", counts["parts"], out / "corpus.jsonl.gz")
-    this_call = {**counts, "tokens_per_s": round(counts["tokens"] / max(counts["seconds"], 1e-9), 2),
-                 "wall_s": round(time.time() - t0, 1), "command": ["spec-drafters", "regenerate", *argv],
-                 "git": _git(), "time": time.strftime("%Y-%m-%dT%H:%M:%S")}  # fmt: skip
-    calls = [*(before or {}).get("calls", []), this_call]
-    manifest = {**run, "corpus": corpus, "calls": calls, "items": [i.id for i in items], "status": "done"}
-    manifest_path.write_text(json.dumps(manifest, indent=1) + "\n")
-    print(json.dumps({"records": corpus["records"], "finished": corpus["finished"], **this_call,
-                      "command": None}))  # fmt: skip
+    return answer
 
 
 def _eval_set(name: str) -> list[str]:

@@ -1,0 +1,39 @@
+"""The house rules a newcomer relies on (issue 34): short functions, files that fit in a read, and no
+code below the Lightning layer that reaches into a LightningModule (the import contract in
+.importlinter covers the imports; this covers what an import cannot show)."""
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parent.parent / "src" / "spec_drafters"
+BELOW_LIGHTNING = [p for p in SRC.rglob("*.py") if p.relative_to(SRC).parts[0] not in ("lightning", "cli")]
+
+
+def test_no_function_is_longer_than_60_lines():
+    long = []
+    for path in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > 60:
+                    long.append(f"{path.relative_to(SRC)}:{node.lineno} {node.name} ({lines} lines)")
+    assert not long, long
+
+
+def test_no_source_file_is_longer_than_450_lines():
+    big = {
+        str(p.relative_to(SRC)): n for p in SRC.rglob("*.py") if (n := len(p.read_text().splitlines())) > 450
+    }
+    assert not big, big
+
+
+def test_nothing_below_lightning_reads_a_lightning_modules_attributes():
+    """hparams, trainer, log and the module's ``built`` setup exist on a LightningModule only: code
+    below lightning/ that reads them takes one by duck typing, which the import contract cannot see."""
+    lightning_only = {"hparams", "trainer", "built", "global_step", "global_rank", "log_dict"}
+    found = []
+    for path in BELOW_LIGHTNING:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Attribute) and node.attr in lightning_only:
+                found.append(f"{path.relative_to(SRC)}:{node.lineno} .{node.attr}")
+    assert not found, found
