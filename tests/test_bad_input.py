@@ -51,7 +51,15 @@ def test_missing_files_are_one_line_errors_naming_the_flag(tmp_path):
 def test_bad_target_layers_and_mask_tokens_name_the_flag_and_field(tmp_path):
     error = r"^spec-drafters: error: "
     with pytest.raises(SystemExit, match=error + r"--model.injection: layer_ids has layer ids \[6\] outside"):
-        main([*TINY, "--model.injection", "ExplicitTaps", "--model.injection.init_args.layer_ids", "[1, 6]"])
+        main(
+            [
+                *TINY,
+                "--model.injection.init_args.num_taps",
+                "null",
+                "--model.injection.init_args.layer_ids",
+                "[1, 6]",
+            ]
+        )
     with pytest.raises(SystemExit, match=error + r"--model.target_source: layer_id 9 is outside"):
         main([*TINY, "--model.target_source", "LayerLogits", "--model.target_source.init_args.layer_id", "9"])
     with pytest.raises(SystemExit, match=error + r"--model.target: mask token id 400 is outside"):

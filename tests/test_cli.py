@@ -57,7 +57,7 @@ def test_checkpoint_holds_the_drafter_and_its_description_not_the_target(fitted)
     assert keys and all(k.startswith("drafter.") for k in keys)
     assert "drafter.fc.weight" in keys and "drafter.layers.0.self_attn.q_proj.weight" in keys
     desc = state["spec_drafters"]
-    assert desc["fc_ids"] == [1, 2, 3] and desc["components"]["injection"] == "zlab_taps"
+    assert desc["fc_ids"] == [1, 2, 3] and desc["components"]["injection"] == "all_taps"
     assert desc["components"]["loss"] == "hard_ce" and desc["drafter"]["block_size"] == 4
 
 
@@ -120,7 +120,8 @@ def test_unknown_component_name_lists_the_valid_ones(capsys):
     with pytest.raises(SystemExit) as e:
         main(["fit", "--config", TINY, "--model.injection", "FourLayers"])
     assert "unknown injection 'FourLayers'" in str(e.value)
-    assert "zlab_taps (ZLabTaps)" in str(e.value) and "explicit_taps (ExplicitTaps)" in str(e.value)
+    assert "all_taps (AllTaps)" in str(e.value) and "all_but_last (AllButLast)" in str(e.value)
+    assert "zlab_taps" not in str(e.value)  # the first release's aliases of all_taps are gone
 
 
 def test_unknown_name_inside_a_yaml_file_is_caught_too(tmp_path):
@@ -151,12 +152,14 @@ def test_class_path_and_registry_name_both_select_components(tmp_path):
         "--trainer.max_steps",
         "2",
         "--model.injection.class_path",
-        "spec_drafters.target.injection.ExplicitTaps",
+        "spec_drafters.target.injection.AllTaps",
+        "--model.injection.init_args.num_taps",
+        "null",
         "--model.injection.init_args.layer_ids",
         "[0, 4, 5]",
     )
     desc = json.loads((run / "fit.json").read_text())["drafter"]
-    assert desc["fc_ids"] == [0, 4, 5] and desc["components"]["injection"] == "explicit_taps"
+    assert desc["fc_ids"] == [0, 4, 5] and desc["components"]["injection"] == "all_taps"
 
 
 def test_registry_lists_every_kind_with_names_paths_and_parameters(capsys):
@@ -165,8 +168,8 @@ def test_registry_lists_every_kind_with_names_paths_and_parameters(capsys):
     for kind in ("target", "injection", "target_source", "loss", "mask", "attention", "anchors", "verifier"):
         assert listing[kind], kind
     names = {kind: {e["name"]: e for e in items} for kind, items in listing.items()}
-    assert names["injection"]["zlab_taps"]["class_path"] == "spec_drafters.target.injection.ZLabTaps"
-    assert "num_taps: int = 5" in names["injection"]["zlab_taps"]["parameters"]
+    assert names["injection"]["all_taps"]["class_path"] == "spec_drafters.target.injection.AllTaps"
+    assert "num_taps: int | None = None" in names["injection"]["all_taps"]["parameters"]
     assert {"eager", "sdpa"} <= names["attention"].keys()
     main(["registry"])
     text = capsys.readouterr().out

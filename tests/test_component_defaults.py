@@ -65,7 +65,6 @@ def parsed_model(tmp_path, model: dict) -> dict:
 #: Values for the arguments that have no default.
 REQUIRED = {
     "HFPretrained": {"path": "/nonexistent"},
-    "ExplicitTaps": {"layer_ids": [1, 3]},
     "CustomInjection": {"taps": [1, 3], "fc": [3]},
     "CAP": {"main": {"class_path": "HardCE"}},
     "DSparkConfidence": {"main": {"class_path": "HardCE"}},
@@ -134,9 +133,9 @@ def tiny_model(injection: dict, num_layers: int = 6) -> dict:
         ({"class_path": "AllButLast", "init_args": {"layer_ids": [1, 3, 4]}}, 6, [1, 3], [1, 3, 4]),
         ({"class_path": "AllButLast", "init_args": {"num_taps": 3}}, 6, [1, 2], [1, 2, 3]),
         ({"class_path": "AllButLast"}, 8, [1, 2, 3, 4], [1, 2, 3, 4, 5]),
-        ({"class_path": "ZLabTaps", "init_args": {"num_taps": 3}}, 6, [1, 2, 3], [1, 2, 3]),
-        ({"class_path": "ZLabTaps"}, 8, [1, 2, 3, 4, 5], [1, 2, 3, 4, 5]),
-        ({"class_path": "ExplicitTaps", "init_args": {"layer_ids": [0, 4, 5]}}, 6, [0, 4, 5], [0, 4, 5]),
+        ({"class_path": "AllTaps", "init_args": {"num_taps": 3}}, 6, [1, 2, 3], [1, 2, 3]),
+        ({"class_path": "AllTaps", "init_args": {"num_taps": 5}}, 8, [1, 2, 3, 4, 5], [1, 2, 3, 4, 5]),
+        ({"class_path": "AllTaps", "init_args": {"layer_ids": [0, 4, 5]}}, 6, [0, 4, 5], [0, 4, 5]),
         ({"class_path": "CustomInjection", "init_args": {"taps": [1, 3, 5], "fc": [3, 5]}}, 6, [3, 5],
          [1, 3, 5]),
         ({"class_path": "test_component_defaults.DeepestTaps", "init_args": {"layer_ids": [1, 2, 4]}}, 6,
@@ -187,7 +186,7 @@ def test_the_module_default_is_the_card_default_with_nothing_set(tmp_path):
 
 
 def test_a_num_taps_kept_from_an_earlier_config_is_named_with_the_way_out():
-    """tests/configs/tiny.yaml sets ZLabTaps(num_taps=3): an override switching to AllTaps keeps it
+    """tests/configs/tiny.yaml sets AllTaps(num_taps=3): an override switching to AllTaps keeps it
     (jsonargparse's rule for values a config set), so the error names both values and the fix."""
     switch = ["--config", "tests/configs/tiny.yaml", "--model.injection", "AllTaps",
               "--model.injection.init_args.layer_ids", "[1, 3]"]  # fmt: skip

@@ -123,7 +123,7 @@ def test_checkpoint_export_reimport_and_side_by_side_validation(tmp_path, capsys
     )  # fmt: skip
     ckpt = json.loads((tmp_path / "fit.json").read_text())["last_checkpoint"]
     ours = read_folder(tmp_path / "drafter")
-    assert ours.layout == "spec_drafters" and ours.meta["components"]["injection"] == "zlab_taps"
+    assert ours.layout == "spec_drafters" and ours.meta["components"]["injection"] == "all_taps"
     main(["export", ckpt, "--out", str(tmp_path / "zlab"), "--layout", "zlab"])
     zlab = read_folder(tmp_path / "zlab")
     for key, value in ours.state.items():

@@ -103,7 +103,12 @@ def test_class_paths_of_moved_modules_and_classes_still_resolve():
     from spec_drafters.train.acceptance_losses import CAP, TreeCoverage
 
     old = {
-        "injection": {"class_path": "spec_drafters.injection.ZLabTaps"},
+        "injection": {"class_path": "spec_drafters.injection.ZLabTaps"},  # num_taps defaulted to 5
+        "taps": {
+            "class_path": "spec_drafters.target.injection.ExplicitTaps",
+            "init_args": {"layer_ids": [1, 2]},
+        },
+        "more": {"class_path": "spec_drafters.target.injection.ZLabTaps", "init_args": {"num_taps": 3}},
         "loss": {"class_path": "spec_drafters.train.losses.CAP", "init_args": {"main": {"class_path": "x"}}},
         "eval": [{"class_path": "spec_drafters.train.losses.TreeCoverage"}],
         "other": "spec_drafters.train.losses.HardCE",
@@ -111,5 +116,8 @@ def test_class_paths_of_moved_modules_and_classes_still_resolve():
     new = upgrade_class_paths(old)
     assert resolve_class(new["loss"]["class_path"]) is CAP
     assert resolve_class(new["eval"][0]["class_path"]) is TreeCoverage
-    assert new["injection"]["class_path"] == "spec_drafters.target.injection.ZLabTaps"
+    all_taps = "spec_drafters.target.injection.AllTaps"  # the first release's aliases merged into it
+    assert new["injection"] == {"class_path": all_taps, "init_args": {"layer_ids": None, "num_taps": 5}}
+    assert new["taps"] == {"class_path": all_taps, "init_args": {"layer_ids": [1, 2], "num_taps": None}}
+    assert new["more"]["init_args"] == {"layer_ids": None, "num_taps": 3}
     assert new["other"] == "spec_drafters.train.losses.HardCE"  # not moved: unchanged

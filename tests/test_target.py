@@ -10,8 +10,6 @@ from spec_drafters.target.injection import (
     AllButLast,
     AllTaps,
     CustomInjection,
-    ExplicitTaps,
-    ZLabTaps,
     zlab_layer_ids,
 )
 from spec_drafters.target.labels import DatasetTokens, LayerLogits, ModelOutput
@@ -62,20 +60,20 @@ def test_bad_layer_ids_name_the_field(ids, message):
         validate_layer_ids(ids, 64, "--model.injection.init_args.layer_ids")
     if ids:
         with pytest.raises(ValueError, match="layer_ids"):
-            ExplicitTaps(ids).tap_ids(card(64))
+            AllTaps(layer_ids=ids).tap_ids(card(64))
         with pytest.raises(ValueError, match=r"^taps "):  # the argument's name, no flag (the CLI adds it)
             CustomInjection(taps=ids, fc=[1]).fc_ids(card(64))
 
 
 def test_zlab_taps_that_collapse_are_an_error():
     with pytest.raises(ValueError, match="duplicate"):
-        ZLabTaps(num_taps=3).tap_ids(card(4))
+        AllTaps(num_taps=3).tap_ids(card(4))
 
 
 def test_injection_strategies_on_the_seeds_target():
     c = card(64, default_tap_ids=[1, 16, 31, 46, 61])
     # "5-layer" (v6): every tap into fc; the tap list from the card, the formula or explicit ids.
-    for strategy in (AllTaps(), AllTaps(num_taps=5), AllTaps(layer_ids=[1, 16, 31, 46, 61]), ZLabTaps(5)):
+    for strategy in (AllTaps(), AllTaps(num_taps=5), AllTaps(layer_ids=[1, 16, 31, 46, 61])):
         assert strategy.tap_ids(c) == strategy.fc_ids(c) == [1, 16, 31, 46, 61]
     # "4-layer" (v5): layer 61 is tapped (for the labels) but kept out of fc.
     v5 = AllButLast()

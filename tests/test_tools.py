@@ -15,6 +15,8 @@ from spec_drafters.model.masks import DFlashBlockMask, context_before_anchor, tr
 
 TINY = ["--config", "tests/configs/tiny.yaml"]
 
+IDS = ["--model.injection.init_args.num_taps", "null", "--model.injection.init_args.layer_ids"]
+
 
 class LeakyMask(DFlashBlockMask):
     """SpecForge PR #473's bug: the context rule t <= anchor instead of t < anchor."""
@@ -43,10 +45,8 @@ def codes(*overrides: str) -> set[str]:
         (["--model.loss.init_args.gamma", "null"], "gamma-off"),
         (["--model.target.init_args.mask_token_id", "300"], "mask-token-outside-vocab"),
         (["--model.target.init_args.mask_token_id", "32"], "mask-token-in-text"),  # the space byte
-        (["--model.injection", "ExplicitTaps", "--model.injection.init_args.layer_ids", "[2, 3, 4]"],
-         "tap-ids-plus-one"),
-        (["--model.injection", "ExplicitTaps", "--model.injection.init_args.layer_ids", "[1, 2, 6]"],
-         "config-invalid"),
+        ([*IDS, "[2, 3, 4]"], "tap-ids-plus-one"),
+        ([*IDS, "[1, 2, 6]"], "config-invalid"),
         (["--model.mask", "test_tools.LeakyMask"], "non-strict-context-mask"),
         (["--model.mask", "CausalBlockMask"], "causal-block-on-full"),
     ],

@@ -137,9 +137,21 @@ MOVED_CLASSES = {
 }
 
 
+#: The injection aliases of the first release, merged into ``AllTaps`` (issue 34): the old class's name
+#: -> the AllTaps argument its one argument was (ZLabTaps' num_taps defaulted to 5).
+ALL_TAPS_ALIASES = {"ZLabTaps": ("num_taps", 5), "ExplicitTaps": ("layer_ids", None)}
+ALL_TAPS = "spec_drafters.target.injection.AllTaps"
+
+
 def upgrade_class_paths(value):
-    """``spec_drafters.injection.ZLabTaps`` -> ``spec_drafters.target.injection.ZLabTaps``, anywhere in a
+    """``spec_drafters.injection.AllTaps`` -> ``spec_drafters.target.injection.AllTaps`` (moved modules
+    and classes), and a ZLabTaps or ExplicitTaps component -> the same AllTaps, anywhere in a
     checkpoint's hyperparameters (other packages' class paths are left alone)."""
+    path = str(value.get("class_path", "")) if isinstance(value, dict) else ""
+    if path.startswith("spec_drafters.") and path.rsplit(".", 1)[-1] in ALL_TAPS_ALIASES:
+        field, default = ALL_TAPS_ALIASES[path.rsplit(".", 1)[-1]]
+        given = (value.get("init_args") or {}).get(field, default)
+        return {"class_path": ALL_TAPS, "init_args": {"layer_ids": None, "num_taps": None, field: given}}
     if isinstance(value, dict):
         return {k: upgrade_class_paths(v) for k, v in value.items()}
     if isinstance(value, list):

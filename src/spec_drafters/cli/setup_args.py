@@ -83,7 +83,7 @@ def load_setup(argv: list[str], quiet: bool = False, with_data: bool = False):
     elif not quiet and setup.settings.get("init_from") is None:
         print("spec-drafters: no --ckpt_path, the drafter is untrained", file=sys.stderr)
     setup.drafter.to(setup.target.embed_tokens.weight.dtype).eval()  # serve in the target's dtype
-    setup.loss_fn.eval() if hasattr(setup.loss_fn, "eval") else None
+    setup.loss_fn.eval()
     return (setup, built.data) if with_data else setup
 
 

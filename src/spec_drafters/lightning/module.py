@@ -99,8 +99,8 @@ class DFlashModule(pl.LightningModule):
         self,
         target: TargetLoader = lazy_instance(EmbeddedSmolLM2),
         drafter: DrafterConfig = DrafterConfig(),  # noqa: B008 - a dataclass value, copied by resolved()
-        # Defaults hold no choices a switched class_path could inherit (jsonargparse issue #460; a
-        # ZLabTaps(num_taps=5) default once leaked into every YAML AllTaps): docs/components.md, Plugins.
+        # Defaults hold no choices a switched class_path could inherit (jsonargparse issue #460; a z-lab
+        # 5-tap default, ZLabTaps(num_taps=5), once leaked into every YAML AllTaps): docs/components.md.
         injection: Injection = lazy_instance(AllTaps),
         target_source: TargetSource = lazy_instance(ModelOutput),
         val_target_source: TargetSource = lazy_instance(ModelOutput),

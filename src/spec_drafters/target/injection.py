@@ -131,27 +131,3 @@ class CustomInjection(Injection):
         if extra:
             raise ValueError(f"fc ids {extra} are not in taps {taps}")
         return fc
-
-
-@register("injection", "zlab_taps")
-class ZLabTaps(AllTaps):
-    """``num_taps`` layers spread by z-lab's formula, all into ``fc`` (the first release's name).
-
-    Args:
-        num_taps: how many target layers to tap (5 for the released drafters).
-    """
-
-    def __init__(self, num_taps: int = 5):
-        super().__init__(num_taps=num_taps)
-
-
-@register("injection", "explicit_taps")
-class ExplicitTaps(AllTaps):
-    """An explicit list of layer ids, all into ``fc`` (the first release's name).
-
-    Args:
-        layer_ids: sorted, unique, 0-based decoder-layer ids.
-    """
-
-    def __init__(self, layer_ids: list[int]):
-        super().__init__(layer_ids=layer_ids)
