@@ -20,13 +20,20 @@ from spec_drafters.decode.generate import DecodeResult, greedy_generate, specula
 from spec_drafters.decode.verifiers import Verifier
 from spec_drafters.errors import ArgumentError, argument
 from spec_drafters.model.drafter import DFlashDrafter, DrafterConfig
-from spec_drafters.model.vocab import draft_vocab_ids
+from spec_drafters.model.masks import DrafterMask
+from spec_drafters.model.vocab import DraftVocab, draft_vocab_ids
 from spec_drafters.registry import as_config, name_of
 from spec_drafters.rng import derived_seed
+from spec_drafters.target.cards import TargetCard
 from spec_drafters.target.features import FeatureSpec, plan_taps
 from spec_drafters.target.frozen import FrozenTarget
+from spec_drafters.target.injection import Injection
+from spec_drafters.target.labels import TargetSource
 from spec_drafters.target.loaders import TargetLoader
-from spec_drafters.train.anchors import UniformAnchors
+from spec_drafters.target.tokenizers import ByteTokenizer, TextTokenizer
+from spec_drafters.train.anchors import AnchorSampler, UniformAnchors
+from spec_drafters.train.losses import DraftLoss
+from spec_drafters.train.noise import FeatureNoise
 from spec_drafters.train.objective import optimizer_problems
 from spec_drafters.train.pipeline import StepBuilder, StepInputs
 
@@ -68,21 +75,21 @@ class DrafterSetup:
     ``optimizer``: a chosen optimizer's factory, if any (lint builds it on a probe).
     """
 
-    tokenizer: object
-    card: object
+    tokenizer: TextTokenizer | ByteTokenizer | None  # None: an HFPretrained folder without tokenizer files
+    card: TargetCard
     target: FrozenTarget
     fc_ids: list[int]
     drafter: DFlashDrafter
-    injection: object
-    target_source: object
-    val_target_source: object
-    noise: object
-    loss_fn: object
-    mask: object
-    anchors: object
+    injection: Injection
+    target_source: TargetSource
+    val_target_source: TargetSource
+    noise: FeatureNoise
+    loss_fn: DraftLoss
+    mask: DrafterMask
+    anchors: AnchorSampler
     verifier: Verifier
-    draft_vocab: object
-    eval_verifiers: list | None = None
+    draft_vocab: DraftVocab
+    eval_verifiers: list[Verifier] | None = None
     settings: dict = field(default_factory=dict)
     optimizer: Callable | None = None
 
