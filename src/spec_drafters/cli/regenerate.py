@@ -69,7 +69,8 @@ def regenerate(argv: list[str]) -> None:
         raise InputError(f"--out {out} is a file; regenerate writes a folder")
     if args.part_size < 1 or not 0 <= args.val_fraction < 1:
         raise InputError("--part_size must be >= 1 and --val_fraction in [0, 1)")
-    items, run = _prompts(args)
+    settings = _settings(args)  # checked before any file is read
+    items, run = _prompts(args, settings)
     engine = _engine(args)
     before = _resumable(out / "manifest.json", run, items)
     counted = run["prompts"]
@@ -84,7 +85,7 @@ def regenerate(argv: list[str]) -> None:
         json.dumps({**run, "items": [i.id for i in items], "status": "running"}) + "\n"
     )
     t0 = time.time()
-    answer = _answerer(args, engine, setup.tokenizer, set(setup.card.eos_token_ids))
+    answer = _answerer(args, settings, engine, setup.tokenizer, set(setup.card.eos_token_ids))
     counts = rg.answer_parts(
         items, answer, out, args.part_size, args.val_fraction, not args.no_progress, args.raw
     )
@@ -105,11 +106,10 @@ def _settings(args: argparse.Namespace):
     return Settings(args.max_tokens, args.temperature, args.top_p, args.seed)
 
 
-def _prompts(args: argparse.Namespace) -> tuple[list, dict]:
+def _prompts(args: argparse.Namespace, settings) -> tuple[list, dict]:
     """The prompts to answer (read, deduplicated, decontaminated) and the run's record of them."""
     from spec_drafters.data import regenerate as rg
 
-    settings = _settings(args)  # checked before any file is read
     items = rg.read_prompts(args.prompts, args.limit)
     read = len(items)
     items, duplicates = rg.dedupe(items)
@@ -149,12 +149,11 @@ def _engine(args: argparse.Namespace):
     )
 
 
-def _answerer(args: argparse.Namespace, engine, tokenizer, end: set[int]):
+def _answerer(args: argparse.Namespace, settings, engine, tokenizer, end: set[int]):
     """part of prompts -> their answers: each prompt's ids (raw text, or the chat template with
     thinking on or off), the engine's reply ids and the text without the final EOS."""
     from spec_drafters.data import regenerate as rg
 
-    settings = _settings(args)
     thinking = None if args.thinking is None else args.thinking == "on"
 
     def prompt_ids(item) -> list[int]:
