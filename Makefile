@@ -13,7 +13,7 @@ RUN ?= runs/quickstart
 CONFIG ?= configs/quickstart.yaml
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo verifiers bench test test-slow test-all lint clean reference reference-data vllm regenerate-engines serve-eval gpu-check
+.PHONY: setup demo verifiers bench test test-slow test-all lint clean reference reference-data vllm regenerate-engines serve-eval gpu-check results-index studies
 
 setup: $(STAMP)
 
@@ -63,7 +63,7 @@ bench: $(STAMP)
 # 6. training, resumed from the last checkpoint; 7. its best held-out checkpoint exported in fp32;
 # 8. a second stage from it (configs/reference_stage2.yaml: a new cosine), resumed likewise; 9. the
 # second stage's best held-out checkpoint exported in bf16; 10. the held-out tau against training
-# tokens seen over both stages (benchmarks/tau_curve.py).
+# tokens seen over both stages (experiments/tau_curve.py).
 REF ?= runs/reference
 REF2 ?= runs/reference_stage2
 REF_CONFIG ?= configs/reference_smollm2.yaml
@@ -71,7 +71,7 @@ REF_ANSWERS ?= data/reference/answers
 REF_SOURCE_RECORDS ?= 0
 REF_THREADS ?= 2
 REF_DRAFTER ?= registry/drafters/smollm2-reference
-# `make reference-data` runs stages 1-4 only: what benchmarks/ablation.py and draft_vocab.py need.
+# `make reference-data` runs stages 1-4 only: what experiments/ablation.py and draft_vocab.py need.
 reference-data: $(STAMP)
 	nice $(BIN)/spec-drafters reference-corpus --kind answers --out $(REF_ANSWERS) --threads $(REF_THREADS) \
 		--batch_size 48 --part_size 256 --max_new_tokens 128
@@ -92,7 +92,7 @@ reference: reference-data
 		--data.cache $(REF)/cache --model.init_from $(REF)/stage1_fp32 \
 		$$(test -f $(REF2)/checkpoints/last.ckpt && echo --ckpt_path $(REF2)/checkpoints/last.ckpt)
 	$(BIN)/spec-drafters export $(REF2)/best/best.ckpt --out $(REF_DRAFTER) --dtype bfloat16
-	cd benchmarks && ../$(BIN)/python tau_curve.py --run ../$(REF) --run ../$(REF2) --cache ../$(REF)/cache
+	$(BIN)/python experiments/tau_curve.py --run $(REF) --run $(REF2) --cache $(REF)/cache
 
 # vLLM's CPU build in its own environment (it needs transformers < 5.20; this project 5.25), for
 # regenerate's openai engine and the engine benchmark (docs/regenerate.md).
@@ -122,9 +122,20 @@ serve-eval: $(STAMP) vllm
 gpu-check: $(STAMP)
 	$(BIN)/python benchmarks/gpu_check.py
 
+# docs/results.md: every results line of benchmarks/ and experiments/, which is current, its command,
+# commit and machine (spec_drafters/studies/index.py); the fast tests fail when it is not regenerated.
+results-index: $(STAMP)
+	$(BIN)/python -m spec_drafters.studies.index
+
+# The recipe studies (experiments/README.md): list them; start one with
+# `$(BIN)/python experiments/run.py start STUDY [ARGS]`, see them with `... run.py status`.
+studies: $(STAMP)
+	$(BIN)/python experiments/run.py list
+	-$(BIN)/python experiments/run.py status
+
 lint: $(STAMP)
-	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/ruff format --check src tests benchmarks
+	$(BIN)/ruff check src tests benchmarks experiments
+	$(BIN)/ruff format --check src tests benchmarks experiments
 	$(BIN)/lint-imports --no-cache
 
 # Two tiers (docs/testing.md): the fast one before every commit; the slow one (long fits, subprocess

@@ -12,16 +12,17 @@ timed through transformers' ``generate`` on stock kernels).
 The prompts run in ``--parts`` pieces, each its own process writing its per-prompt rows
 (``<out>/<name>/part-XX-of-PP.jsonl``, by default under ``benchmarks/results/humaneval_decoding/``,
 committed; with another ``--out`` the results line goes to ``<out>/humaneval_decoding.jsonl``, not
-to the committed ``benchmarks/results/``): run the same command again, on this machine or a fresh
-clone, and only the missing pieces run (a single process over all 164 prompts takes hours on 2 CPU
-cores, more than one session here).
-``<out>/<name>/drafter.json`` holds the sha256 of the drafter the pieces measured (the folder's
+to the committed ``benchmarks/results/``). The folder is a set of kept stages (the studies' one resume
+scheme, spec_drafters/studies/stages.py): a finished piece is kept as ``part-XX-of-PP.json``; run the
+same command again, on this machine or a fresh clone, and only the pieces not kept run (a single
+process over all 164 prompts takes hours on 2 CPU cores, more than one session here).
+``<out>/<name>/identity.json`` holds the sha256 of the drafter the pieces measured (the folder's
 weights or the checkpoint) and the command's decoding settings; a rerun with another drafter or other
-settings under the same name is refused rather than merged. ``--workers 2`` runs two pieces
-at a time, one thread each: every prompt's speedup is its own decoders against its own greedy run,
-timed back to back in one process, so the summary compares like with like. With ``--cost_model``
-the adaptive-budget DDTree (``adaptive_ddtree``, max budget 64) decodes too; with ``--chain_depth D
-...`` chains that verify only their first D drafts (``GreedyChain(max_depth=D)``).
+settings under the same name is refused rather than merged (spec_drafters/studies/decoding_runs.py).
+``--workers 2`` runs two pieces at a time, one thread each: every prompt's speedup is its own decoders
+against its own greedy run, timed back to back in one process, so the summary compares like with
+like. With ``--cost_model`` the adaptive-budget DDTree (``adaptive_ddtree``, max budget 64) decodes
+too; with ``--chain_depth D ...`` chains that verify only their first D drafts (``GreedyChain(max_depth=D)``).
 
     python benchmarks/humaneval_decoding.py --config configs/quickstart.yaml \\
         --ckpt_path runs/quickstart/checkpoints/last.ckpt [--num_prompts 164] [--name demo]
@@ -34,250 +35,19 @@ Arguments it does not know (``--model.*``, ``--data.*``) are passed on to ``spec
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 from common import RESULTS, record
-from spec_drafters.cli.tools import flag_value
+from spec_drafters.studies.decoding_runs import (
+    merged_rows,
+    open_folder,
+    overlay,
+    prompt_lookup_impl,
+    run_pieces,
+    summaries,
+)
 
-ROOT = Path(__file__).resolve().parent.parent
 OUT = RESULTS / "humaneval_decoding"  # the committed pieces
-DECODERS = {
-    "": "chain",
-    "_ddtree_b8": "ddtree B=8",
-    "_ddtree_b16": "ddtree B=16",
-    "_ddtree_b32": "ddtree B=32",
-    "_ddtree_b64": "ddtree B=64",
-    "_adaptive_ddtree_b64": "adaptive B<=64",
-    "_lookup_hybrid_greedy_chain": "chain + lookup",
-    "_lookup_hybrid_ddtree_b8": "ddtree B=8 + lookup",
-    "_lookup_hybrid_adaptive_ddtree_b64": "adaptive + lookup",
-    "_prompt_lookup": "prompt lookup",
-}
-KEYS = ("new_tokens", "rounds", "committed", "tau", "seconds", "tokens_per_s", "speedup", "lossless")
-GREEDY = ("greedy_tokens", "greedy_seconds", "greedy_tokens_per_s")
-
-
-def overlay(
-    folder: Path,
-    cost_model: str | None,
-    chain_depths: list[int] | None = None,
-    lookup: bool = False,
-    budgets: list[int] | None = None,
-) -> Path:
-    """configs/bench_humaneval.yaml (its DDTrees only at ``budgets`` when given: a B = 64 tree alone
-    takes twice plain greedy's time here), plus the adaptive verifier when a cost model is given, the
-    chains cut at ``chain_depths``, and with ``lookup`` the chain, DDTree B = 8 and the adaptive tree
-    each with a branch copied from the context (``LookupHybrid``, as many tokens as prompt lookup)."""
-    import yaml
-
-    cfg = yaml.safe_load((ROOT / "configs" / "bench_humaneval.yaml").read_text())
-    if budgets:
-        callback = cfg["trainer"]["callbacks"][0]["init_args"]
-        known = {v["init_args"]["budget"] for v in callback["verifiers"] if v["class_path"] == "DDTree"}
-        if set(budgets) - known:
-            unknown = sorted(set(budgets) - known)
-            raise SystemExit(f"--budgets {unknown}: the benchmark's DDTree budgets are {sorted(known)}")
-        callback["verifiers"] = [
-            v
-            for v in callback["verifiers"]
-            if v["class_path"] != "DDTree" or v["init_args"]["budget"] in budgets
-        ]
-    if cost_model:
-        callback = cfg["trainer"]["callbacks"][0]["init_args"]
-        callback["verifiers"].append(
-            {"class_path": "AdaptiveDDTree", "init_args": {"cost_model": str(Path(cost_model).resolve())}}
-        )
-    for depth in chain_depths or []:
-        verifier = {"class_path": "GreedyChain", "init_args": {"max_depth": depth}}
-        cfg["trainer"]["callbacks"][0]["init_args"]["verifiers"].append(verifier)
-    if lookup:
-        callback = cfg["trainer"]["callbacks"][0]["init_args"]
-        inner = [{"class_path": "GreedyChain"}, {"class_path": "DDTree", "init_args": {"budget": 8}}]
-        inner += [v for v in callback["verifiers"] if v["class_path"] == "AdaptiveDDTree"]
-        for v in inner:
-            hybrid = {"verifier": v, "length": callback["prompt_lookup_tokens"]}
-            callback["verifiers"].append({"class_path": "LookupHybrid", "init_args": hybrid})
-    path = folder / "overlay.yaml"
-    path.write_text(yaml.safe_dump(cfg, sort_keys=False))
-    return path
-
-
-def part_command(args, folder: Path, config: Path, part: int) -> tuple[list[str], Path]:
-    rows = folder / f"part-{part:02d}-of-{args.parts:02d}.jsonl"
-    cmd = [sys.executable, "-m", "spec_drafters.cli.main", "validate"]
-    cmd += [a for c in args.config for a in ("--config", c)] + args.extra
-    cmd += ["--config", str(config), "--results", str(rows.with_suffix(".json"))]
-    cmd += ["--trainer.callbacks.prompts.init_args.num_prompts", str(args.num_prompts)]
-    cmd += ["--trainer.callbacks.prompts.init_args.part", str(part)]
-    cmd += ["--trainer.callbacks.prompts.init_args.parts", str(args.parts)]
-    cmd += ["--trainer.callbacks.output", str(rows)]
-    if args.ckpt_path:
-        cmd += ["--ckpt_path", args.ckpt_path]
-    if args.init_from:
-        cmd += ["--model.init_from", args.init_from]
-    return cmd, rows
-
-
-def _config_init_from(configs: list[str]) -> str | None:
-    import yaml
-
-    value = None
-    for c in configs:  # later configs override earlier ones, as in validate
-        model = (yaml.safe_load((ROOT / c).read_text()) or {}).get("model") or {}  # validate runs in ROOT
-        value = model.get("init_from", value)
-    return value
-
-
-def config_content(config: str) -> str:
-    """A short hash of a config file's parsed content without ``trainer.callbacks``: the benchmark's
-    overlay replaces that list (the demo's own decoding callback is not what the pieces measured)."""
-    import hashlib
-
-    import yaml
-
-    cfg = yaml.safe_load((ROOT / config).read_text()) or {}
-    if isinstance(cfg.get("trainer"), dict):
-        cfg["trainer"].pop("callbacks", None)
-        if not cfg["trainer"]:
-            del cfg["trainer"]
-    return hashlib.sha256(json.dumps(cfg, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def drafter_identity(args) -> dict:
-    """What the pieces under one name must share: the drafter's weights (sha256) and the settings."""
-    import hashlib
-
-    weights = Path(args.ckpt_path) if args.ckpt_path else None
-    folder = args.init_from or flag_value(args.extra, "--model.init_from") or _config_init_from(args.config)
-    if weights is None and folder is not None:
-        weights = ROOT / folder / "model.safetensors"
-    digest = None
-    if weights is not None and weights.is_file():
-        h = hashlib.sha256()
-        with open(weights, "rb") as fh:
-            for chunk in iter(lambda: fh.read(1 << 20), b""):
-                h.update(chunk)
-        digest = h.hexdigest()
-    return {
-        "weights": os.path.relpath(weights, ROOT) if weights else None,
-        "sha256": digest,
-        "config": args.config,
-        # what the files say too: an overlay edited between sessions (another target setting, another
-        # data file) must not merge into the pieces measured with the old one
-        "config_content": [config_content(c) for c in args.config],
-        "extra": args.extra,
-        "num_prompts": args.num_prompts,
-        "parts": args.parts,
-        "cost_model": bool(args.cost_model),
-        **({"chain_depths": args.chain_depth} if args.chain_depth else {}),  # absent in older folders
-        **({"lookup": True} if args.lookup else {}),
-        **({"budgets": sorted(args.budgets)} if args.budgets else {}),
-        # pieces that timed transformers' prompt lookup (folders without this key) are not merged
-        "prompt_lookup_impl": _impl(),
-    }
-
-
-def _impl() -> str:
-    from spec_drafters.lightning.callbacks import PROMPT_LOOKUP_IMPL
-
-    return PROMPT_LOOKUP_IMPL
-
-
-def prompt_lookup_impl(prompt_rows: list[dict]) -> str | None:
-    """Which prompt lookup the rows timed (None: none ran): the callback marks its rows; rows with
-    prompt lookup and no mark timed transformers' ``generate``."""
-    if "tau_prompt_lookup" not in prompt_rows[0]:
-        return None
-    return "+".join(sorted({r.get("prompt_lookup_impl", "transformers") for r in prompt_rows}))
-
-
-def check_identity(args, folder: Path) -> None:
-    """Refuses to add pieces measured with another drafter or settings to a name's folder."""
-    mine = drafter_identity(args)
-    file = folder / "drafter.json"
-    if file.is_file():
-        theirs = json.loads(file.read_text())
-        older = {"config_content"} - set(theirs)  # folders written before it was recorded
-        diff = sorted(k for k in mine if k not in older and theirs.get(k) != mine[k])
-        if diff:
-            raise SystemExit(
-                f"{folder} holds pieces of another run (differs in {', '.join(diff)}): "
-                "use another --name, or delete the folder to measure again"
-            )
-    else:
-        file.write_text(json.dumps(mine, indent=1) + "\n")
-
-
-def run_parts(args, folder: Path, config: Path) -> None:
-    """Runs the missing parts, ``args.workers`` at a time (each with cores // workers threads)."""
-    todo = []
-    for part in range(args.parts):
-        cmd, rows = part_command(args, folder, config, part)
-        if not rows.is_file():
-            todo.append((part, cmd))
-    threads = str(max(1, (os.cpu_count() or 1) // args.workers))
-    env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
-    running: list[tuple[int, subprocess.Popen]] = []
-    while todo or running:
-        while todo and len(running) < args.workers:
-            part, cmd = todo.pop(0)
-            log = open(folder / f"part-{part:02d}-of-{args.parts:02d}.log", "w")  # noqa: SIM115
-            print(f"part {part + 1}/{args.parts}: started", flush=True)
-            running.append((part, subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=log)))
-        time.sleep(2)
-        for part, proc in list(running):
-            if proc.poll() is not None:
-                running.remove((part, proc))
-                if proc.returncode != 0:
-                    raise SystemExit(f"part {part} failed (exit {proc.returncode}): see its .log in {folder}")
-                print(f"part {part + 1}/{args.parts}: done", flush=True)
-
-
-def merged_rows(args, folder: Path) -> list[dict]:
-    """Every piece's prompt rows, piece by piece, each with its ``piece`` (a row's ``prompt`` counts
-    within its piece)."""
-    out = []
-    for part in range(args.parts):
-        rows = folder / f"part-{part:02d}-of-{args.parts:02d}.jsonl"
-        if not rows.is_file():
-            raise SystemExit(
-                f"{folder}: piece {part + 1} of {args.parts} is missing ({rows.name}); finish it first"
-            )
-        out += [{**json.loads(line), "piece": part} for line in rows.read_text().splitlines() if line.strip()]
-    if len(out) != args.num_prompts:
-        raise SystemExit(f"{folder}: {len(out)} prompt rows for {args.num_prompts} prompts")
-    return out
-
-
-def summaries(prompt_rows: list[dict]) -> list[dict]:
-    """One summary per decoder over all prompts (decode/summary.py's rule)."""
-    from spec_drafters.decode.summary import summarize
-
-    out = []
-    depths = sorted(int(k.rsplit("_d", 1)[1]) for k in prompt_rows[0] if k.startswith("tau_greedy_chain_d"))
-    decoders = {**DECODERS, **{f"_greedy_chain_d{d}": f"chain D={d}" for d in depths}}
-    for suffix, label in decoders.items():
-        if f"tau{suffix}" not in prompt_rows[0]:
-            continue
-        per = [{**{k: r[k] for k in GREEDY}, **{k: r[f"{k}{suffix}"] for k in KEYS}} for r in prompt_rows]
-        s = summarize(per)
-        out.append(
-            {
-                "decoder": label,
-                "tau": s["tau"],
-                "tau_pooled": s["tau_pooled"],
-                "tokens_per_s": s["tokens_per_s"],
-                "speedup": s["speedup"],
-                "lossless": round(s["lossless"] * s["prompts"]),
-                "greedy_tokens_per_s": s["greedy_tokens_per_s"],
-            }
-        )
-    return out
 
 
 def main() -> None:
@@ -299,9 +69,11 @@ def main() -> None:
     args, args.extra = ap.parse_known_args()  # the rest (--model.*, --data.*) goes to validate
     folder = Path(args.out) / args.name
     folder.mkdir(parents=True, exist_ok=True)
-    check_identity(args, folder)
-    run_parts(args, folder, overlay(folder, args.cost_model, args.chain_depth, args.lookup, args.budgets))
-    prompt_rows = merged_rows(args, folder)
+    stages = open_folder(args, folder)  # refused when the folder holds another drafter's or setting's pieces
+    run_pieces(
+        args, folder, stages, overlay(folder, args.cost_model, args.chain_depth, args.lookup, args.budgets)
+    )
+    prompt_rows = merged_rows(folder, args.parts, args.num_prompts)
     rows = summaries(prompt_rows)
     impl = prompt_lookup_impl(prompt_rows)
     prompts = args.num_prompts

@@ -22,93 +22,11 @@ pooled tokens/s over prompt lookup's on the same prompts, a 95% bootstrap interv
 from __future__ import annotations
 
 import argparse
-import json
-import random
 from pathlib import Path
-from types import SimpleNamespace
 
 from common import record
-from humaneval_decoding import DECODERS, merged_rows
-
-
-def folder_rows(folder: Path) -> list[dict]:
-    """The prompt rows of a finished result folder (every piece must be there), piece by piece."""
-    identity = json.loads((folder / "drafter.json").read_text())
-    return merged_rows(SimpleNamespace(parts=identity["parts"], num_prompts=identity["num_prompts"]), folder)
-
-
-def bootstrap_interval(diffs: list[float], resamples: int, seed: int) -> tuple[float, float]:
-    """2.5th and 97.5th percentiles of the mean of ``diffs`` resampled with replacement."""
-    rng = random.Random(seed)
-    n = len(diffs)
-    means = sorted(sum(diffs[rng.randrange(n)] for _ in range(n)) / n for _ in range(resamples))
-    return means[int(0.025 * (resamples - 1))], means[int(0.975 * (resamples - 1))]
-
-
-def paired(rows_a: list[dict], rows_b: list[dict], resamples: int = 2000, seed: int = 0) -> list[dict]:
-    """One row per decoder both folders ran: mean taus, mean difference A - B, its interval, wins."""
-
-    def prompts(rows):
-        return [(r["piece"], r["prompt"], r["prompt_tokens"]) for r in rows]
-
-    if prompts(rows_a) != prompts(rows_b):  # other pieces, or other prompts (their lengths differ)
-        raise ValueError("the two folders decoded different prompts (or cut them into other pieces)")
-    out = []
-    for suffix, label in DECODERS.items():
-        key = f"tau{suffix}"
-        if key not in rows_a[0] or key not in rows_b[0]:
-            continue
-        diffs = [a[key] - b[key] for a, b in zip(rows_a, rows_b, strict=True)]
-        low, high = bootstrap_interval(diffs, resamples, seed)
-        n = len(diffs)
-        out.append(
-            {
-                "decoder": label,
-                "prompts": n,
-                "tau_a": sum(a[key] for a in rows_a) / n,
-                "tau_b": sum(b[key] for b in rows_b) / n,
-                "diff": sum(diffs) / n,
-                "low": low,
-                "high": high,
-                "a_wins": sum(d > 0 for d in diffs),
-                "ties": sum(d == 0 for d in diffs),
-                "b_wins": sum(d < 0 for d in diffs),
-            }
-        )
-    if not out:
-        raise ValueError("the two folders share no decoder")
-    return out
-
-
-def speed_against(rows: list[dict], baseline: str = "_prompt_lookup", resamples: int = 2000, seed: int = 0):
-    """Per decoder of one run: pooled tokens/s over the ``baseline`` decoder's on the same prompts, its
-    95% bootstrap interval over prompts, and the prompts where it was faster (higher tokens/s)."""
-    if f"seconds{baseline}" not in rows[0]:
-        raise ValueError(f"the folder has no {DECODERS.get(baseline, baseline)} rows to compare with")
-
-    def ratio(sample: list[dict], suffix: str) -> float:
-        ours = sum(r[f"new_tokens{suffix}"] for r in sample) / sum(r[f"seconds{suffix}"] for r in sample)
-        base = sum(r[f"new_tokens{baseline}"] for r in sample) / sum(r[f"seconds{baseline}"] for r in sample)
-        return ours / base
-
-    rng, n, out = random.Random(seed), len(rows), []
-    draws = [[rows[rng.randrange(n)] for _ in range(n)] for _ in range(resamples)]
-    for suffix, label in DECODERS.items():
-        if suffix == baseline or f"seconds{suffix}" not in rows[0]:
-            continue
-        ratios = sorted(ratio(d, suffix) for d in draws)
-        faster = sum(r[f"tokens_per_s{suffix}"] > r[f"tokens_per_s{baseline}"] for r in rows)
-        out.append(
-            {
-                "decoder": label,
-                "prompts": n,
-                "ratio": ratio(rows, suffix),
-                "low": ratios[int(0.025 * (resamples - 1))],
-                "high": ratios[int(0.975 * (resamples - 1))],
-                "faster_on": faster,
-            }
-        )
-    return out
+from spec_drafters.studies.decoding_runs import folder_rows
+from spec_drafters.studies.stats import paired, speed_against
 
 
 def speed_main(folders: list[Path], resamples: int, seed: int) -> None:

@@ -6,7 +6,8 @@ Run from the repository root after ``bash benchmarks/peer_setup.sh``::
         --head-dim 64 --intermediate 1536 --layers 1 --vocab 49152 --num-target-layers 30 \\
         --N 64 --K 16 --S 512 --repeats 3
 
-It imports nothing from spec_drafters. It builds speculators' ``DFlashDraftModel``
+It imports nothing from spec_drafters but the timer (spec_drafters/clock.py, standard library only, by
+path). It builds speculators' ``DFlashDraftModel``
 (speculators/models/dflash/core.py) from a ``DFlashSpeculatorConfig`` made in code (a random Qwen3
 decoder config standing in for the verifier; no download), fills the verifier-owned frozen weights
 (embed_tokens, lm_head, verifier_lm_head: one tied random matrix) and times
@@ -44,8 +45,12 @@ import resource
 import subprocess
 import sys
 import traceback
+from pathlib import Path
 
-from common import timed  # benchmarks/ is on the path: this file runs as a script from there
+# The package's timer, by path: this script runs in speculators' own venv, where spec_drafters is not
+# installed; spec_drafters/__init__.py and clock.py import nothing beyond the standard library.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+from spec_drafters.clock import median_seconds as timed
 
 
 def _log(msg: str) -> None:

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
-import importlib
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,16 +17,6 @@ load_components()
 torch.set_num_threads(2)
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-@contextlib.contextmanager
-def benchmark_module(name: str):
-    """benchmarks/<name>.py imported (the benchmarks are scripts beside common.py, not a package)."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        yield importlib.import_module(name)
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
 
 
 # What Lightning writes into the working directory when a run has no logger and no default_root_dir.

@@ -1,27 +1,43 @@
-"""benchmarks/hybrid_round.py runs end to end at tiny sizes, checks every mechanism before timing it,
-stops on a wrong one, and writes no results file without --record."""
+"""benchmarks/hybrid_round.py, run as the program it is (no test imports a benchmark script), at tiny
+sizes: it checks every mechanism before timing it, stops on a wrong one, and writes no results file
+without --record."""
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
-import pytest
-
-from conftest import benchmark_module
-
-RESULTS = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "hybrid_round.jsonl"
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results" / "hybrid_round.jsonl"
 TINY = ["--hidden_size", "32", "--chain_tokens", "4", "--budgets", "3", "--repeats", "1", "--tree_depth", "3"]
 
+# The library's commit made wrong (it drops the last accepted token's state) before the script runs.
+WRONG_COMMIT = """
+import runpy, sys
+from transformers.cache_utils import LinearAttentionCacheLayerMixin
+from spec_drafters.decode import hybrid
+commit = hybrid.commit
+def one_token_short(cache, record, start, path):
+    commit(cache, record, start, path[:-1] or path)
+    if len(path) == 1:
+        layer = next(l for l in cache.layers if isinstance(l, LinearAttentionCacheLayerMixin))
+        layer.recurrent_states[0].mul_(1.5)
+hybrid.commit = one_token_short
+sys.path.insert(0, "benchmarks")
+sys.argv = ["benchmarks/hybrid_round.py", *sys.argv[1:]]
+runpy.run_path("benchmarks/hybrid_round.py", run_name="__main__")
+"""
 
-@pytest.fixture(scope="module")
-def bench():
-    with benchmark_module("hybrid_round") as module:
-        yield module
+
+def run(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *argv], cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
-def test_a_tiny_run_checks_times_and_prices_every_mechanism(bench, capsys):
+def test_a_tiny_run_checks_times_and_prices_every_mechanism():
     before = RESULTS.stat().st_mtime if RESULTS.exists() else None
-    bench.main([*TINY, "--paper"])
-    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    done = run("benchmarks/hybrid_round.py", *TINY, "--paper")
+    assert done.returncode == 0, done.stderr[-2000:]
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert {"benchmark", "threads", "repeats", "prompt_tokens", "targets", "paper"} <= set(summary)
     (target,) = summary["targets"]
     assert {"hidden_size", "layers", "greedy_step_ms", "checks", "rounds"} <= set(target)
@@ -46,15 +62,8 @@ def test_a_tiny_run_checks_times_and_prices_every_mechanism(bench, capsys):
     assert (RESULTS.stat().st_mtime if RESULTS.exists() else None) == before  # no --record: nothing written
 
 
-def test_a_wrong_mechanism_stops_the_run_before_timing(bench, monkeypatch, capsys):
-    commit = bench.hybrid.commit
-
-    def one_token_short(cache, record, start, path):  # drops the last accepted token's state
-        commit(cache, record, start, path[:-1] or path)
-        if len(path) == 1:
-            next(iter(bench.linear_layers(cache))).recurrent_states[0].mul_(1.5)
-
-    monkeypatch.setattr(bench.hybrid, "commit", one_token_short)
-    with pytest.raises(SystemExit, match="commit K=4 a=0: the cache after the round differs"):
-        bench.main(TINY)
-    assert "greedy step" not in capsys.readouterr().out  # stopped before any table
+def test_a_wrong_mechanism_stops_the_run_before_timing():
+    done = run("-c", WRONG_COMMIT, *TINY)
+    assert done.returncode != 0
+    assert "commit K=4 a=0: the cache after the round differs" in done.stderr
+    assert "greedy step" not in done.stdout  # stopped before any table

@@ -37,9 +37,13 @@ def setup():
 
 def loss_of(module, batch):
     rows = range(batch["input_ids"].shape[0])
-    inp = module.steps(batch, UniformAnchors(max_anchors=8), module.target_source, 5, rows, noisy=False)
+    inp = module.step_builder(
+        batch, UniformAnchors(max_anchors=8), module.target_source, 5, rows, noisy=False
+    )
     with torch.no_grad():
-        return module.loss_fn(module.steps.slot_batch(module.steps.draft_hidden(inp), inp))["loss"]
+        return module.loss_fn(module.step_builder.slot_batch(module.step_builder.draft_hidden(inp), inp))[
+            "loss"
+        ]
 
 
 def test_online_and_offline_losses_match(setup, tmp_path):

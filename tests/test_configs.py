@@ -3,7 +3,6 @@ callbacks and loggers. The seeds' Qwen3.6-27B configs build the target from its 
 device (no weights); GPU trainer presets are instantiated as objects, not run (no GPU here)."""
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -81,7 +80,7 @@ def test_seed_configs_follow_the_seeds_table(seeds):
     )
     assert d["experiment_ddtree"]["drafter"]["layer_types"] == ["sliding_attention"] * 4 + ["full_attention"]
     assert d["experiment_ddtree"]["drafter"]["sliding_window"] == 2048
-    assert d["experiment_ddtree"]["drafter"]["block_size"] == 32 and exp.anchors.max_anchors == 1024
+    assert d["experiment_ddtree"]["drafter"]["block_size"] == 32 and exp.anchor_sampler.max_anchors == 1024
     assert d["ddtree_v6"]["verifier"] == "ddtree" and d["dflash_v6"]["verifier"] == "greedy_chain"
     for name in SEEDS:
         assert d[name]["noise"] == "uniform"
@@ -322,7 +321,7 @@ ABLATION_TAPS = {
 
 
 def test_ablation_recipes():
-    """Every recipe of benchmarks/ablation.py parses over the shared base and names what it says; v5 is
+    """Every recipe of experiments/ablation.py parses over the shared base and names what it says; v5 is
     built: it reads layer 27 of 30 ("61 of 64") for its labels and keeps it out of fc."""
     import yaml
 
@@ -336,8 +335,7 @@ def test_ablation_recipes():
             pass
 
     base = str(CONFIGS / "ablation" / "base.yaml")
-    sys.path.insert(0, str(CONFIGS.parent / "benchmarks"))
-    from ablation import RECIPES
+    from spec_drafters.studies.recipes import RECIPES
 
     assert {p.stem for p in (CONFIGS / "ablation").glob("*.yaml")} == {"base", *RECIPES}
     for recipe in RECIPES:

@@ -37,3 +37,22 @@ def test_nothing_below_lightning_reads_a_lightning_modules_attributes():
             if isinstance(node, ast.Attribute) and node.attr in lightning_only:
                 found.append(f"{path.relative_to(SRC)}:{node.lineno} .{node.attr}")
     assert not found, found
+
+
+def test_no_test_imports_a_benchmark_or_study_script():
+    """benchmarks/ and experiments/ are scripts: what a test needs of them lives in the package
+    (spec_drafters/studies), and a test that runs one runs it as a program (a subprocess)."""
+    root = SRC.parent.parent
+    scripts = {p.stem for folder in ("benchmarks", "experiments") for p in (root / folder).glob("*.py")}
+    found = []
+    for path in sorted((root / "tests").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            found += [f"{path.name}: {n}" for n in names if n.split(".")[0] in scripts]
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) in (
+                "import_module",
+                "run_path",
+            ):  # importlib.import_module("ablation"), runpy.run_path("benchmarks/x.py") in this process
+                found.append(f"{path.name}: {ast.unparse(node)}")
+    assert not found, f"tests importing benchmark or study scripts: {found}"

@@ -1,7 +1,7 @@
 """Noise reaches the drafter's fc input only: the labels are bit-identical with and without it.
 
 The seeds' v3 added noise in place to the hidden states that the labels were computed from, so the
-drafter was trained on corrupted targets (docs/method.md section 5). Here the label source even reads a
+drafter was trained on corrupted targets (docs/method.md section 5). Here the target source even reads a
 layer that also feeds fc (v3's "61 also feeding the labels"), and the labels must not move.
 """
 
@@ -45,7 +45,9 @@ def batch():
 
 def prepare(m, batch, sampler, seed, noisy):
     """One step's inputs as training (noisy) or validation builds them, rows 0..b-1."""
-    return m.steps(batch, sampler, m.target_source, seed, range(batch["input_ids"].shape[0]), noisy=noisy)
+    return m.step_builder(
+        batch, sampler, m.target_source, seed, range(batch["input_ids"].shape[0]), noisy=noisy
+    )
 
 
 @pytest.mark.parametrize("noise", [UniformNoise(0.05), GaussianNoise(0.5), InPlaceNoise()])

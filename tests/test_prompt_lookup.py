@@ -192,28 +192,28 @@ def test_prompt_lookup_goes_without_a_drafter_only():
 
 
 def test_benchmark_rows_say_which_prompt_lookup_ran(tmp_path):
-    """humaneval_decoding.py: the results line names the prompt lookup its rows timed, and pieces that
-    timed transformers' (a folder from before, without the key) are not merged with new ones."""
+    """A decoding-run folder (benchmarks/humaneval_decoding.py): the results line names the prompt lookup
+    its rows timed, and pieces that timed transformers' (a folder from before, without the key) are not
+    merged with new ones."""
     import argparse
     import json
 
-    from conftest import benchmark_module
+    from spec_drafters.studies import decoding_runs as bench
 
-    with benchmark_module("humaneval_decoding") as bench:
-        new, old = {"tau_prompt_lookup": 2.0, "prompt_lookup_impl": "fast_path"}, {"tau_prompt_lookup": 2.0}
-        assert bench.prompt_lookup_impl([new, new]) == "fast_path"
-        assert bench.prompt_lookup_impl([old]) == "transformers"
-        assert bench.prompt_lookup_impl([{"tau": 1.0}]) is None
-        setting = argparse.Namespace(
-            config=[], extra=[], ckpt_path=None, init_from=None, num_prompts=8, parts=1,
-            cost_model=None, chain_depth=None, lookup=False, budgets=None,
-        )  # fmt: skip
-        folder = tmp_path / "pieces"
-        folder.mkdir()
-        bench.check_identity(setting, folder)
-        before = json.loads((folder / "drafter.json").read_text())
-        assert before["prompt_lookup_impl"] == "fast_path"
-        del before["prompt_lookup_impl"]
-        (folder / "drafter.json").write_text(json.dumps(before))
-        with pytest.raises(SystemExit, match="differs in prompt_lookup_impl"):
-            bench.check_identity(setting, folder)
+    new, old = {"tau_prompt_lookup": 2.0, "prompt_lookup_impl": "fast_path"}, {"tau_prompt_lookup": 2.0}
+    assert bench.prompt_lookup_impl([new, new]) == "fast_path"
+    assert bench.prompt_lookup_impl([old]) == "transformers"
+    assert bench.prompt_lookup_impl([{"tau": 1.0}]) is None
+    setting = argparse.Namespace(
+        config=[], extra=[], ckpt_path=None, init_from=None, num_prompts=8, parts=1,
+        cost_model=None, chain_depth=None, lookup=False, budgets=None,
+    )  # fmt: skip
+    folder = tmp_path / "pieces"
+    folder.mkdir()
+    bench.open_folder(setting, folder)
+    before = json.loads((folder / "identity.json").read_text())
+    assert before["prompt_lookup_impl"] == "fast_path"
+    del before["prompt_lookup_impl"]
+    (folder / "identity.json").write_text(json.dumps(before))
+    with pytest.raises(SystemExit, match="differs in prompt_lookup_impl"):
+        bench.open_folder(setting, folder)

@@ -1,17 +1,12 @@
-"""benchmarks/tau_curve.py counts training steps across resumed processes and chained stages: a later
+"""A training curve over chained stages (spec_drafters/studies/curves.py, drawn by
+experiments/tau_curve.py) counts training steps across resumed processes and chained stages: a later
 stage's validations follow every step the earlier stages trained, checked on hand-written logs."""
 
 from pathlib import Path
 
 import pytest
 
-from conftest import benchmark_module
-
-
-@pytest.fixture(scope="module")
-def tau_curve():
-    with benchmark_module("tau_curve") as module:
-        yield module
+from spec_drafters.studies import curves as tau_curve
 
 
 def write_metrics(path: Path, rows: list[tuple[int, str, str]]) -> None:
@@ -21,7 +16,7 @@ def write_metrics(path: Path, rows: list[tuple[int, str, str]]) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-def test_a_second_stage_counts_after_the_first_and_a_revalidation_replaces_a_value(tau_curve, tmp_path):
+def test_a_second_stage_counts_after_the_first_and_a_revalidation_replaces_a_value(tmp_path):
     import os
 
     first, second = tmp_path / "stage1", tmp_path / "stage2"
@@ -39,7 +34,7 @@ def test_a_second_stage_counts_after_the_first_and_a_revalidation_replaces_a_val
     ]
 
 
-def test_a_rerun_validation_lands_in_the_stage_that_holds_its_checkpoint(tau_curve, tmp_path):
+def test_a_rerun_validation_lands_in_the_stage_that_holds_its_checkpoint(tmp_path):
     first, second = tmp_path / "stage1", tmp_path / "stage2"
     write_metrics(first / "logs/version_0/metrics.csv", [(3, "", "1.5"), (4, "1.1", "")])  # killed at 5
     write_metrics(second / "logs/version_0/metrics.csv", [(1, "", "1.9")])
@@ -50,7 +45,7 @@ def test_a_rerun_validation_lands_in_the_stage_that_holds_its_checkpoint(tau_cur
         tau_curve.chained([second], {last: {5: {"val/tau": 1.7}}})
 
 
-def test_a_rerun_validation_finds_its_checkpoint_in_the_checkout_it_ran_in(tau_curve, tmp_path):
+def test_a_rerun_validation_finds_its_checkpoint_in_the_checkout_it_ran_in(tmp_path):
     """``spec-drafters validate --results`` stores the --ckpt_path as typed (relative to the checkout
     it ran in, maybe another worktree): it is looked up above the results file too."""
     import json

@@ -153,11 +153,11 @@ def test_training_skips_and_validation_counts_out_of_vocabulary_labels(vocab_mod
     train, _ = TextRecords(path="tests/data/tiny.jsonl", max_length=64).examples(module.tokenizer)
     batch = collate(train[:4])
     sampler = UniformAnchors(max_anchors=8, require_full_block=True)
-    inp = module.steps(batch, sampler, module.target_source, 1, range(4), noisy=False)
+    inp = module.step_builder(batch, sampler, module.target_source, 1, range(4), noisy=False)
     inside = inp.labels >= 0
     assert inp.scored.any() and (inp.scored & ~inside).any()  # some labelled slots are out of vocabulary
     assert torch.equal(inp.supervised, inp.scored & inside)  # trained: only those it can draft
-    sb = module.steps.slot_batch(module.steps.draft_hidden(inp), inp)
+    sb = module.step_builder.slot_batch(module.step_builder.draft_hidden(inp), inp)
     assert sb.logits.shape[-1] == 13 and bool((sb.labels >= 0).all())
     assert torch.isfinite(module.loss_fn(sb)["loss"])
 

@@ -1,11 +1,13 @@
-"""Two file rules shared by the target's one-time conversion and the offline feature cache: an
-exclusive lock between processes, and a file's sha256."""
+"""File rules shared by the target's one-time conversion, the offline feature cache and the studies'
+kept stages: an exclusive lock between processes, a file's sha256, and a JSON file written atomically."""
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
 import hashlib
+import json
+import os
 from pathlib import Path
 
 
@@ -29,3 +31,11 @@ def sha256_file(path: Path) -> str:
         for chunk in iter(lambda: fh.read(1 << 22), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+def write_json(path: Path, data, indent: int | None = 1) -> None:
+    """``data`` as JSON in ``path``, atomically: a kill never leaves a half-written file (a sibling
+    ``.tmp`` file is renamed over it)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=indent) + "\n")
+    os.replace(tmp, path)

@@ -62,7 +62,7 @@ def lint_setup(setup: DrafterSetup, text_sample: list[str] | None = None) -> lis
     return [
         *_noise_reaches_labels(setup),
         *_taps_kept_out_of_fc(setup),
-        *_label_source(setup),
+        *_target_source(setup),
         *_gamma(setup),
         *_mask_token(setup, text_sample),
         *_ids_plus_one(setup),
@@ -104,7 +104,7 @@ def _taps_kept_out_of_fc(setup: DrafterSetup) -> list[Finding]:
     return found
 
 
-def _label_source(setup: DrafterSetup) -> list[Finding]:
+def _target_source(setup: DrafterSetup) -> list[Finding]:
     source, depth = setup.target_source, setup.card.num_layers
     if isinstance(source, LayerLogits) and source.resolved_id(depth) != depth - 1:
         return [

@@ -40,7 +40,12 @@ from spec_drafters.train.pipeline import StepBuilder, StepInputs
 #: The components a setup holds: the name a checkpoint's description uses -> the setup's field, which
 #: is also the LightningModule's attribute (so the prefix of its weights in a checkpoint: ``loss_fn.*``).
 COMPONENTS = {k: k for k in ("injection", "target_source", "val_target_source", "noise", "mask")}
-COMPONENTS |= {"loss": "loss_fn", "anchors": "anchors", "verifier": "verifier", "draft_vocab": "draft_vocab"}
+COMPONENTS |= {
+    "loss": "loss_fn",
+    "anchors": "anchor_sampler",
+    "verifier": "verifier",
+    "draft_vocab": "draft_vocab",
+}
 
 #: The arguments that only training reads (the optimizer and its schedule): not part of a built setup.
 TRAINING_ONLY = ("lr", "weight_decay", "warmup_fraction", "min_lr_ratio", "optimizer", "lr_scheduler")
@@ -86,7 +91,7 @@ class DrafterSetup:
     noise: FeatureNoise
     loss_fn: DraftLoss
     mask: DrafterMask
-    anchors: AnchorSampler
+    anchor_sampler: AnchorSampler  # argument ``anchors``: the sampler (StepInputs.anchors: positions)
     verifier: Verifier
     draft_vocab: DraftVocab
     eval_verifiers: list[Verifier] | None = None
@@ -188,7 +193,7 @@ class DrafterSetup:
 
     def held_out_inputs(self, batch: dict, batch_idx: int, rows: range | None = None) -> StepInputs:
         """Validation's inputs for a batch: full blocks only, ``val_anchors`` per sequence, clean
-        features, the validation label source, seeds fixed by the batch's index."""
+        features, the validation target source, seeds fixed by the batch's index."""
         sampler = UniformAnchors(max_anchors=self.settings["val_anchors"], require_full_block=True)
         seed = derived_seed(self.settings["seed"], VALIDATION_SEEDS + batch_idx)
         rows = rows if rows is not None else range(batch["input_ids"].shape[0])

@@ -1,7 +1,7 @@
 """Offline cache of what training needs from the frozen target: run it once, train many times.
 
 Per training record the cache keeps the tokens, the loss mask, the tapped features that feed ``fc``
-(n*H per token) and, for logit-based label sources, the hidden state the labels are read from (H per
+(n*H per token) and, for logit-based target sources, the hidden state the labels are read from (H per
 token, already through the final norm) instead of vocabulary-wide logits: labels are recomputed from
 it with the frozen head at train time (docs/method.md section 6: caches of many TB came from storing logits).
 
@@ -18,7 +18,7 @@ The index lists every finished shard with its sha256, so an interrupted build re
 stopped and a corrupt or truncated shard is reported and skipped at load time, never used.
 
 The index's ``meta`` records what the cache was built from (the CHECKED keys: target, fc layers,
-label source, tokenizer, the data file's sha256, max_length, record count); a run whose own values
+target source, tokenizer, the data file's sha256, max_length, record count); a run whose own values
 differ is refused with both named, since it would otherwise train on the cache's sequences, not its
 own. Format-1 caches recorded only the first three; they are used only when their records equal the
 run's token for token.
@@ -37,7 +37,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from spec_drafters.errors import InputError, MissingFile
-from spec_drafters.files import file_lock, sha256_file
+from spec_drafters.files import file_lock, sha256_file, write_json
 from spec_drafters.target.features import FeatureSpec
 
 #: 2: meta records the tokenizer, the data file's sha256, max_length and the record count; hard labels
@@ -48,7 +48,7 @@ FORMAT = 2
 CHECKED = {
     "target": "--model.target",
     "fc_ids": "--model.injection",
-    "label_source": "--model.target_source",
+    "label_source": "--model.target_source",  # the stored key's name: caches written so keep loading
     "tokenizer": "the target's tokenizer",
     "data_sha256": "--data.path",
     "max_length": "--data.max_length",
@@ -73,12 +73,6 @@ def run_meta(spec: FeatureSpec, data, examples: list) -> dict:
         "records": len(examples),
         "data_path": str(data.path),  # for messages only: the sha256 is what is compared
     }
-
-
-def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    os.replace(tmp, path)  # atomic: a kill never leaves a half-written index
 
 
 @torch.no_grad()
@@ -114,7 +108,7 @@ def build_cache(
     }
     starts = list(range(0, len(examples), shard_records))
     with _locked(out):
-        _write_json(out / "index.json", _open_index(out, meta))
+        write_json(out / "index.json", _open_index(out, meta))
     order = list(enumerate(starts))
     bar = _bar(len(starts)) if progress else None
     for shard_id, start in reversed(order) if reverse else order:
@@ -129,7 +123,7 @@ def build_cache(
                 index["shards"] = sorted(
                     [s for s in index["shards"] if s["file"] != name] + [entry], key=lambda s: s["file"]
                 )
-                _write_json(out / "index.json", index)
+                write_json(out / "index.json", index)
         if bar:
             bar.update(1)
     if bar:
@@ -138,7 +132,7 @@ def build_cache(
         index = _read_index(out)
         index["bytes"] = sum((out / s["file"]).stat().st_size for s in index["shards"])
         index["tokens"] = sum(s["tokens"] for s in index["shards"])
-        _write_json(out / "index.json", index)
+        write_json(out / "index.json", index)
     return index
 
 

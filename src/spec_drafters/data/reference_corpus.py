@@ -1,7 +1,7 @@
 """The reference drafter's corpus: every docstring of the standard library, answered by the target.
 
 Two kinds of training text, both from the Python standard library so that they exist offline on every
-machine (benchmarks/data_source.py compares them per CPU-hour; docs/reference_drafter.md):
+machine (experiments/data_source.py compares them per CPU-hour; docs/reference_drafter.md):
 
 - ``answers``: a prompt for every function, method and class that has a docstring (all modules,
   private names included), cut from its ``def``/``class`` line to the end of the docstring and

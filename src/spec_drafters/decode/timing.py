@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import time
-
 import torch
 
+from spec_drafters.clock import median_seconds
 from spec_drafters.decode import generate, rounds
 from spec_drafters.decode.cost import RoundCost
 from spec_drafters.decode.verifiers import DDTree
@@ -13,16 +12,6 @@ from spec_drafters.model.drafter import ContextCache
 from spec_drafters.model.kernels import PackedLinear
 from spec_drafters.model.kernels import packed_linears as _packed
 from spec_drafters.target.frozen import crop_cache
-
-
-def _median_seconds(fn, repeats: int) -> float:
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return sorted(times)[len(times) // 2]
 
 
 @torch.no_grad()
@@ -59,7 +48,7 @@ def _measure(target, drafter, fc_ids: list[int], context: list[int], tokens: lis
         return rounds.draft_logits(target, drafter, kv, bonus, c, k - 1)
 
     logits = draft()
-    greedy = _median_seconds(step, repeats)
+    greedy = median_seconds(step, repeats)
     verify = []
     for t in tokens:
         batch = rounds.VerifyBatch.of(bonus, DDTree(max(1, t - 1)).propose(logits) if t > 1 else None)
@@ -68,7 +57,7 @@ def _measure(target, drafter, fc_ids: list[int], context: list[int], tokens: lis
             target.head(batch.forward(target, cache, c).hidden).argmax(-1)
             crop_cache(cache, c)
 
-        verify.append(_median_seconds(fwd, repeats) / greedy)
+        verify.append(median_seconds(fwd, repeats) / greedy)
     machine = {"threads": torch.get_num_threads(), "torch": torch.__version__, "context": c}
     machine["packed_linears"] = any(isinstance(m, PackedLinear) for m in target.modules())
-    return RoundCost(list(tokens), verify, _median_seconds(draft, repeats) / greedy, machine)
+    return RoundCost(list(tokens), verify, median_seconds(draft, repeats) / greedy, machine)

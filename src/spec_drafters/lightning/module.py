@@ -137,7 +137,7 @@ class DFlashModule(pl.LightningModule):
         for attr in COMPONENTS.values():
             setattr(self, attr, getattr(self.built, attr))
         self.loss_chunk_rows = loss_chunk_rows
-        self.steps = self.built.step_builder()
+        self.step_builder = self.built.step_builder()
         k = self.drafter.config.block_size
         with argument("eval_verifiers"):
             self.offline = OfflineAcceptance.for_verifiers(k, verifier, eval_verifiers)
@@ -145,7 +145,7 @@ class DFlashModule(pl.LightningModule):
             raise ArgumentError(
                 "val_target_source",
                 f"a sampling chain's offline tau needs the target's distribution, which "
-                f"{name_of(val_target_source)} does not have (use a logit-based label source)",
+                f"{name_of(val_target_source)} does not have (use a logit-based target source)",
             )
         self.calibration: dict = {}  # the last validation's table, for --results and calibration.json
         # The frozen target is not in checkpoints; on_load_checkpoint checks the drafter.
@@ -168,7 +168,7 @@ class DFlashModule(pl.LightningModule):
 
     def _slot_batch(self, hidden, inp: StepInputs) -> SlotBatch:
         data_parallel = self._trainer is not None and self._trainer.world_size > 1
-        return self.steps.slot_batch(
+        return self.step_builder.slot_batch(
             hidden,
             inp,
             chunk_rows=self.loss_chunk_rows if self.training else None,
@@ -182,8 +182,8 @@ class DFlashModule(pl.LightningModule):
     # --- training ---------------------------------------------------------------------------------
     def training_step(self, batch, batch_idx):
         seed, rows = self._step_seed(self.global_step), self._rows(batch)
-        inp = self.steps(batch, self.anchors, self.target_source, seed, rows, noisy=True)
-        sb = self._slot_batch(self.steps.draft_hidden(inp), inp)
+        inp = self.step_builder(batch, self.anchor_sampler, self.target_source, seed, rows, noisy=True)
+        sb = self._slot_batch(self.step_builder.draft_hidden(inp), inp)
         parts = self.loss_fn(sb)
         self._step_parts.append({k: v.detach() for k, v in parts.items()})  # checked before the step
         acc = (sb.argmax() == sb.labels).float().mean() if not sb.empty else torch.zeros(())
@@ -213,13 +213,13 @@ class DFlashModule(pl.LightningModule):
         anchors, their labels (A, K-1), anchor_ok (b, N), the target's logits by block when a verifier
         samples, else None); artefacts/setup.py, DrafterSetup.held_out_inputs and scored_blocks."""
         inp = self.built.held_out_inputs(batch, batch_idx, self._rows(batch))
-        hidden = self.steps.draft_hidden(inp)
+        hidden = self.step_builder.draft_hidden(inp)
         sb = self._slot_batch(hidden, inp)
         parts = self.loss_fn(sb)
         per_block, labels = self.built.scored_blocks(inp, hidden, sb)
         target_logits = None
         if self.offline.needs_distribution:  # a sampling chain's tau reads the target's distribution
-            target_logits = self.steps.block_target_logits(inp, self.val_target_source)
+            target_logits = self.step_builder.block_target_logits(inp, self.val_target_source)
         return parts, per_block, labels, inp.anchor_ok, target_logits
 
     def on_validation_epoch_end(self) -> None:

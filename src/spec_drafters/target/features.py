@@ -79,7 +79,7 @@ class FeatureSpec:
 
 def plan_taps(card, vocab_size: int, injection, sources: dict, loss) -> tuple[list[int], list[int]]:
     """The fc ids and every tapped layer, after checking that the chosen components fit the target and
-    each other. ``sources``: argument name -> label source (training and validation). Errors name the
+    each other. ``sources``: argument name -> target source (training and validation). Errors name the
     argument they concern (errors.ArgumentError); the CLI turns it into its flag."""
     if not 0 <= card.mask_token_id < vocab_size:
         with argument("target"):

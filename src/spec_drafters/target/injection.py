@@ -97,7 +97,7 @@ class AllTaps(_TapList):
 class AllButLast(_TapList):
     """Every tapped layer but the last feeds ``fc`` (the "4-layer" case, the seeds' v5).
 
-    The last tapped layer is still captured, so a label source such as ``layer_logits`` can read it,
+    The last tapped layer is still captured, so a target source such as ``layer_logits`` can read it,
     but the drafter never sees it.
     """
 

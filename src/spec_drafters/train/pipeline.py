@@ -40,7 +40,7 @@ class StepInputs:
     scored: torch.Tensor  # (b, N, K) bool: labelled slots, drafted or not (validation counts misses)
     teacher: Callable[[slice], torch.Tensor] | None  # rows of the M -> (C, V) target logits (soft losses)
     masks: list  # per drafter layer: a BlockLayout, or a dense (b, 1, Q, S + Q) from a plugin mask
-    label_hidden: torch.Tensor | None = None  # (b, S, H) the label source's predictor hidden state
+    label_hidden: torch.Tensor | None = None  # (b, S, H) the target source's predictor hidden state
 
 
 class StepBuilder:
@@ -76,7 +76,7 @@ class StepBuilder:
         k = self.drafter.config.block_size
         feats = self.features(batch, source)
         features = self.noised(feats.clean, seed, rows) if noisy else feats.clean
-        anchors, anchor_ok = self.anchors(loss_mask, sampler, seed, rows)  # (b, N) each
+        anchors, anchor_ok = self.draw_anchors(loss_mask, sampler, seed, rows)  # (b, N) each
         block_ids, block_pos = build_blocks(ids, anchors, k, self.drafter.config.mask_token_id)  # (b, Q)
         slot_labels, scored = block_labels(feats.labels, feats.label_ok, loss_mask, anchors, anchor_ok, k)
         # With a draft vocabulary, labels become its indices; a slot whose label lies outside it is not
@@ -106,7 +106,7 @@ class StepBuilder:
         ]
         return torch.cat(draws)
 
-    def anchors(self, loss_mask: torch.Tensor, sampler: AnchorSampler, seed: int, rows: range):
+    def draw_anchors(self, loss_mask: torch.Tensor, sampler: AnchorSampler, seed: int, rows: range):
         """-> anchors (b, N), valid (b, N)."""
         k = self.drafter.config.block_size
         drawn = [
@@ -133,7 +133,7 @@ class StepBuilder:
         """The target's logits over its whole vocabulary at the scored slots, by block: a slice of the
         valid anchors (in ``anchor_ok`` order) -> (a, K-1, V). Validation's sampled tau reads them."""
         if inp.label_hidden is None:
-            raise ValueError(f"label source {type(source).__name__} gives no target distribution")
+            raise ValueError(f"target source {type(source).__name__} gives no target distribution")
         b_idx, anchor_idx, slot = inp.scored.nonzero(as_tuple=True)  # (A*(K-1),) each, block by block
         positions = inp.anchors[b_idx, anchor_idx] + slot
         per_block = self.drafter.config.block_size - 1
