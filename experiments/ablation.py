@@ -1,4 +1,4 @@
-"""Which recipe wins at equal compute: the seeds' v3, v5, v6 and experiment-ddtree, speculators' 2026
+"""Which recipe wins at equal compute: the field reports' v3, v5, v6 and experiment-ddtree, speculators' 2026
 defaults, DSpark's, the LK losses, the tree-aware objective and D-PACE alone (speculators' defaults
 without the window), two seeds each.
 

@@ -1,10 +1,10 @@
-"""The seeds' experiments as small twins on the embedded target, same budget, side by side.
+"""The field reports' experiments as small twins on the embedded target, same budget, side by side.
 
 Runs ``spec-drafters fit`` on configs/twins/{dflash_v3, dflash_v5, dflash_v6, experiment_ddtree}.yaml
 (260 steps each), then ``spec-drafters validate`` on each last checkpoint over the 93 held-out
 records (95 before the split by content),
 with labels from the target's real output for every twin (what a verifier accepts, whatever the twin
-trained on), and prints per-slot top-1 accuracy and chain tau, with tau as a ratio to v6, the seeds'
+trained on), and prints per-slot top-1 accuracy and chain tau, with tau as a ratio to v6, the field reports'
 reference fix. Slow: about 8 minutes a twin on 2 cores.
 
     python experiments/twins.py [--steps 260] [--only dflash_v6 ...] [--checkpoint NAME=PATH ...]

@@ -1,5 +1,5 @@
 """Every shipped YAML parses and instantiates: model, data module, and the trainer's strategy,
-callbacks and loggers. The seeds' Qwen3.6-27B configs build the target from its card on the meta
+callbacks and loggers. The field reports' Qwen3.6-27B configs build the target from its card on the meta
 device (no weights); GPU trainer presets are instantiated as objects, not run (no GPU here)."""
 
 import json

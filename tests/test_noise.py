@@ -1,6 +1,6 @@
 """Noise reaches the drafter's fc input only: the labels are bit-identical with and without it.
 
-The seeds' v3 added noise in place to the hidden states that the labels were computed from, so the
+The field reports' v3 added noise in place to the hidden states that the labels were computed from, so the
 drafter was trained on corrupted targets (docs/method.md section 5). Here the target source even reads a
 layer that also feeds fc (v3's "61 also feeding the labels"), and the labels must not move.
 """
@@ -20,7 +20,7 @@ from spec_drafters.train.noise import FeatureNoise, GaussianNoise, NoNoise, Unif
 
 
 class InPlaceNoise(FeatureNoise):
-    """A careless plugin that mutates its input, as the seeds' v3 code did."""
+    """A careless plugin that mutates its input, as the field reports' v3 code did."""
 
     def __call__(self, features, generator):
         return features.add_(torch.rand(features.shape, generator=generator))

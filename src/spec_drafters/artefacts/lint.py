@@ -1,7 +1,7 @@
 """``lint``: known pitfalls of a drafter's setup, before a long run, each with a severity and a one-line why.
 
 Each check reads a built :class:`~spec_drafters.artefacts.setup.DrafterSetup`; building it from config
-files is the CLI's job (``spec-drafters lint``, cli/setup_args.py). The pitfalls are the seeds' and
+files is the CLI's job (``spec-drafters lint``, cli/setup_args.py). The pitfalls are the field reports' and
 peers' (docs/method.md sections 1-2, 5).
 """
 
@@ -73,7 +73,7 @@ def lint_setup(setup: DrafterSetup, text_sample: list[str] | None = None) -> lis
 
 
 def _noise_reaches_labels(setup: DrafterSetup) -> list[Finding]:
-    # Noise must only ever touch a copy of the fc input (the seeds' v3 corrupted its labels).
+    # Noise must only ever touch a copy of the fc input (the field reports' v3 corrupted its labels).
     probe = torch.randn(1, 3, 4, generator=torch.Generator().manual_seed(0))
     before = probe.clone()
     setup.noise(probe, torch.Generator().manual_seed(0))
@@ -83,7 +83,7 @@ def _noise_reaches_labels(setup: DrafterSetup) -> list[Finding]:
         finding(
             "noise-reaches-labels",
             f"{type(setup.noise).__name__} modifies its input in place;",
-            "the tensors the labels are read from would carry the noise (the seeds' v3)",
+            "the tensors the labels are read from would carry the noise (the field reports' v3)",
         )
     ]
 
@@ -98,7 +98,7 @@ def _taps_kept_out_of_fc(setup: DrafterSetup) -> list[Finding]:
             finding(
                 "tap-kept-out-of-fc",
                 f"layer {i} is tapped {why}, but not fed to fc:",
-                "the drafter never sees it (the seeds' v5; z-lab feeds every tap to fc)",
+                "the drafter never sees it (the field reports' v5; z-lab feeds every tap to fc)",
             )
         )
     return found
@@ -111,7 +111,8 @@ def _target_source(setup: DrafterSetup) -> list[Finding]:
             finding(
                 "labels-not-model-output",
                 f"labels come from layer {source.resolved_id(depth)} of {depth}, not the model's output;",
-                "the drafter learns a target that is not the one verifying it (the seeds' v3/v5: 61 of 64)",
+                "the drafter learns a target that is not the one verifying it "
+                "(the field reports' v3/v5: 61 of 64)",
             )
         ]
     if isinstance(source, DatasetTokens):
@@ -145,7 +146,7 @@ def _gamma(setup: DrafterSetup) -> list[Finding]:
             )
         ]
     # K/4..K, as docs/tools.md documents it: the published gammas (K/2 and just under) sit well inside, and
-    # so do the seeds' and the tiny test config's (10 for K = 16 and 32, K for K = 4).
+    # so do the field reports' and the tiny test config's (10 for K = 16 and 32, K for K = 4).
     if gamma != "n/a" and not k / 4 <= gamma <= k:
         return [
             finding(

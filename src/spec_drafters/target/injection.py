@@ -90,12 +90,13 @@ class _TapList(Injection):
 
 @register("injection", "all_taps")
 class AllTaps(_TapList):
-    """Every tapped layer feeds ``fc`` (the "5-layer" case: z-lab's released drafters, the seeds' v6)."""
+    """Every tapped layer feeds ``fc`` (the "5-layer" case: z-lab's released drafters, the field
+    reports' v6)."""
 
 
 @register("injection", "all_but_last")
 class AllButLast(_TapList):
-    """Every tapped layer but the last feeds ``fc`` (the "4-layer" case, the seeds' v5).
+    """Every tapped layer but the last feeds ``fc`` (the "4-layer" case, the field reports' v5).
 
     The last tapped layer is still captured, so a target source such as ``layer_logits`` can read it,
     but the drafter never sees it.

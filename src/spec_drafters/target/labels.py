@@ -6,14 +6,14 @@ them hard (argmax, for cross-entropy) and soft (the distribution, for KL losses)
 same hidden state, so a hard and a soft loss never train on two different targets.
 
 - ``model_output``: the target's real output, lm_head(final norm(last decoder layer)) at t - 1
-  ("layer 63 of 64" for the seeds' target, which counts layers from 0).
-- ``layer_logits``: an earlier layer k pushed through the same final norm and lm_head. The seeds' v3
+  ("layer 63 of 64" for the field reports' target, which counts layers from 0).
+- ``layer_logits``: an earlier layer k pushed through the same final norm and lm_head. The field reports' v3
   and v5 used layer 61 of 64 and trained the drafter on a worse target than the one that verifies it.
 - ``dataset_tokens``: the text itself; right only when the text is the target's own greedy output,
   and it has no distribution for soft losses.
 
 Sources read the target's *clean* tapped states: noise on the drafter's features is applied to a copy
-afterwards (noise.py), never to these tensors (the seeds' v3 bug).
+afterwards (noise.py), never to these tensors (the field reports' v3 bug).
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ class LayerLogits(TargetSource):
 
     Args:
         layer_id: 0-based decoder layer; negative counts from the end (-1 is the last layer, whose
-            labels equal ``model_output``'s; -3 is "layer 61 of 64", the seeds' v3/v5 source).
+            labels equal ``model_output``'s; -3 is "layer 61 of 64", the field reports' v3/v5 source).
     """
 
     def __init__(self, layer_id: int = -3):

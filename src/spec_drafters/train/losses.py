@@ -6,7 +6,7 @@ total under ``"loss"`` and its parts under other keys (logged as ``train/<part>`
 
 - ``hard_ce``: cross-entropy to hard labels.
 - ``soft_kl``: forward KL(target || drafter) at a temperature.
-- ``ce_kl_blend``: CE + alpha * KL (the seeds' v3 and experiment-ddtree used alpha = 0.15).
+- ``ce_kl_blend``: CE + alpha * KL (the field reports' v3 and experiment-ddtree used alpha = 0.15).
 - ``tv``, ``nla``, ``lk_hybrid``: the LK losses (arXiv 2602.23881), which target the acceptance rate
   alpha = sum_v min(p_v, q_v) itself: 1 - alpha, -log alpha, and a KL/TV blend moving to TV as alpha
   grows.

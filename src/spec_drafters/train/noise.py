@@ -1,10 +1,10 @@
 """Feature noise (component kind ``noise``): perturbs the drafter's ``fc`` input during training only.
 
 speculators adds U(-0.05, 0.05) to the concatenated tapped hidden states; z-lab and SpecForge add
-none (docs/method.md section 2.8). The seeds' v3 added it in place to the tensors the labels were computed
-from as well, so the drafter learned noisy targets. Here a noise component only ever returns a new
-tensor from the ``fc`` input, and the label tensors are computed from the target's untouched outputs
-(a test checks they are bit-identical with and without noise).
+none (docs/method.md section 2.8). The field reports' v3 added it in place to the tensors the labels
+were computed from as well, so the drafter learned noisy targets. Here a noise component only ever
+returns a new tensor from the ``fc`` input, and the label tensors are computed from the target's
+untouched outputs (a test checks they are bit-identical with and without noise).
 
 Signature: ``noise(features (b, S, n*H), generator) -> (b, S, n*H)``, a new tensor.
 """
