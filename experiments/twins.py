@@ -9,7 +9,9 @@ reference fix. Slow: about 8 minutes a twin on 2 cores.
 
     python experiments/twins.py [--steps 260] [--only dflash_v6 ...] [--checkpoint NAME=PATH ...]
 
-``--checkpoint`` validates an existing checkpoint for that twin instead of training it.
+``--checkpoint`` validates an existing checkpoint for that twin instead of training it. Each twin
+finished is a kept stage under ``--out``/kept (spec_drafters/studies/stages.py; identity: the twin's
+config file, the steps, the checkpoint given): a rerun trains only the twins not kept.
 """
 
 from __future__ import annotations
@@ -20,14 +22,22 @@ import re
 import time
 from pathlib import Path
 
+from spec_drafters.files import sha256_file
 from spec_drafters.studies.results import recorder
 from spec_drafters.studies.runner import run_cli
+from spec_drafters.studies.stages import Stages
 
 RESULTS = Path(__file__).parent / "results"
 record = recorder(RESULTS)
 
 ROOT = Path(__file__).resolve().parent.parent
 TWINS = ["dflash_v3", "dflash_v5", "dflash_v6", "experiment_ddtree"]
+
+
+def _tree_tau(metrics: dict) -> float | None:
+    """The configured DDTree's tau: val/tau_ddtree_b<budget> (val/tau_ddtree in results before issue 34)."""
+    keys = [k for k in metrics if re.fullmatch(r"val/tau_ddtree(_b\d+)?", k)]
+    return round(metrics[keys[0]], 4) if keys else None
 
 
 def run_twin(name: str, steps: int, out_dir: Path, checkpoint: str | None) -> dict:
@@ -71,7 +81,15 @@ def main() -> None:
     ap.add_argument("--checkpoint", nargs="*", default=[], metavar="NAME=PATH")
     args = ap.parse_args()
     given = dict(item.split("=", 1) for item in args.checkpoint)
-    rows = [run_twin(name, args.steps, Path(args.out), given.get(name)) for name in args.only]
+    stages = Stages(Path(args.out) / "kept")  # a twin finished is kept: a rerun trains only the others
+
+    def twin(name: str) -> dict:
+        config = ROOT / "configs" / "twins" / f"{name}.yaml"
+        identity = {"config_sha256": sha256_file(config), "steps": args.steps, "checkpoint": given.get(name)}
+        run = lambda: run_twin(name, args.steps, Path(args.out), given.get(name))  # noqa: E731
+        return stages.run(name, run, identity)["result"]
+
+    rows = [twin(name) for name in args.only]
     ref = next((r for r in rows if r["twin"] == "dflash_v6"), rows[0])
     print(f"\n{'twin':<18} {'K':>3} {'acc@1':>7} {'acc@2':>7} {'acc@3':>7} {'acc':>7} {'tau':>7} "
           f"{'tau/v6':>7} {'ddtree':>7} {'fit min':>7}")  # fmt: skip
@@ -89,9 +107,3 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
-
-
-def _tree_tau(metrics: dict) -> float | None:
-    """The configured DDTree's tau: val/tau_ddtree_b<budget> (val/tau_ddtree in results before issue 34)."""
-    keys = [k for k in metrics if re.fullmatch(r"val/tau_ddtree(_b\d+)?", k)]
-    return round(metrics[keys[0]], 4) if keys else None

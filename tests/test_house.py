@@ -56,3 +56,22 @@ def test_no_test_imports_a_benchmark_or_study_script():
             ):  # importlib.import_module("ablation"), runpy.run_path("benchmarks/x.py") in this process
                 found.append(f"{path.name}: {ast.unparse(node)}")
     assert not found, f"tests importing benchmark or study scripts: {found}"
+
+
+def test_every_script_defines_everything_before_it_runs():
+    """A function defined below a script's ``if __name__ == "__main__":`` does not exist yet when the
+    script runs (experiments/twins.py once named one there and could not finish a run)."""
+    root = SRC.parent.parent
+    late = []
+    for path in sorted([*(root / "benchmarks").glob("*.py"), *(root / "experiments").glob("*.py")]):
+        body = ast.parse(path.read_text()).body
+        guard = next(
+            (i for i, n in enumerate(body) if isinstance(n, ast.If) and "__main__" in ast.unparse(n)), None
+        )
+        if guard is not None:
+            late += [
+                f"{path.name}: {n.name}"
+                for n in body[guard:]
+                if isinstance(n, ast.FunctionDef | ast.ClassDef)
+            ]
+    assert not late, f"defined after the script runs: {late}"
