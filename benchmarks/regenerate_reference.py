@@ -10,8 +10,10 @@ git SHA, tokens, seconds) in its manifest.json. This script only reads the two f
     python benchmarks/regenerate_reference.py --transformers DIR --openai DIR --name full
 
 Records are matched by id (a prompt's content hash), so the comparison holds for any subset both runs
-have answered (a run still in progress is compared on its finished parts, and says so). The manifests
-and a line in results/regenerate_reference.jsonl are kept.
+have answered (a run still in progress is compared on its finished parts, and says so). At each answer
+that differs, the embedded target's fp32 logits after the shared prefix say why (the two tokens' logits
+and the gap between the best two: a near-tie). The manifests and a line in
+results/regenerate_reference.jsonl are kept.
 """
 
 from __future__ import annotations
@@ -78,11 +80,50 @@ def compare(a: dict[str, dict], b: dict[str, dict]) -> dict:
     }
 
 
+def divergences(a: dict[str, dict], b: dict[str, dict]) -> list[dict]:
+    """Each answer that differs: where (the answer's token index), the shared prefix, each run's token
+    there (None: that run had ended)."""
+    out = []
+    for key in sorted(set(a) & set(b)):
+        x, y = a[key]["input_ids"], b[key]["input_ids"]
+        if x == y:
+            continue
+        prompt = len(a[key]["loss_mask"]) - sum(a[key]["loss_mask"])
+        i = next((i for i, (s, t) in enumerate(zip(x, y, strict=False)) if s != t), min(len(x), len(y)))
+        ours, theirs = (x[i] if i < len(x) else None), (y[i] if i < len(y) else None)
+        out.append({"id": key, "answer_token": i - prompt, "prefix": x[:i], "transformers": ours,
+                    "openai": theirs})  # fmt: skip
+    return out
+
+
+def logit_gaps(diffs: list[dict]) -> list[dict]:
+    """Why two greedy runs parted: the embedded target's fp32 logits after the shared prefix (one
+    forward over it, no cache), for the two tokens the runs chose and the best one; a gap of a few
+    1e-5 is a tie that the engines' kernels (summation order, batching) broke differently."""
+    import torch
+
+    from spec_drafters.target.loaders import EmbeddedSmolLM2
+
+    model = EmbeddedSmolLM2().load().model.float().eval()
+    rows = []
+    with torch.no_grad():
+        for d in diffs:
+            logits = model(torch.tensor([d["prefix"]])).logits[0, -1].float()
+            best = logits.topk(2)
+            chosen = {e: d[e] for e in ("transformers", "openai")}
+            gap = (best.values[0] - best.values[1]).item()
+            rows.append({"id": d["id"], "answer_token": d["answer_token"], "tokens": chosen,
+                         "logits": {e: None if t is None else logits[t].item() for e, t in chosen.items()},
+                         "top2": best.indices.tolist(), "top2_gap": gap})  # fmt: skip
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--transformers", required=True, type=Path, help="the in-process run's --out folder")
     ap.add_argument("--openai", required=True, type=Path, help="the vLLM run's --out folder")
     ap.add_argument("--name", default="run", help="results/regenerate_reference/<name>/ keeps the manifests")
+    ap.add_argument("--no_explain", action="store_true", help="skip the logit gaps at each first difference")
     args = ap.parse_args()
     local, served = read_records(args.transformers), read_records(args.openai)
     manifests = {e: json.loads((d / "manifest.json").read_text()) for e, d in
@@ -104,8 +145,16 @@ def main() -> None:
     for engine, folder in (("transformers", args.transformers), ("openai", args.openai)):
         (keep / engine).mkdir(parents=True, exist_ok=True)
         shutil.copy(folder / "manifest.json", keep / engine / "manifest.json")
+    gaps = [] if args.no_explain else logit_gaps(divergences(local, served))
+    for g in gaps:
+        print(f"{g['id']} answer token {g['answer_token']}: transformers {g['tokens']['transformers']} "
+              f"({g['logits']['transformers']}), openai {g['tokens']['openai']} ({g['logits']['openai']}); "
+              f"top-2 gap {g['top2_gap']:.2e}")  # fmt: skip
     complete = all(s["status"] == "done" for s in speeds.values())
-    record("regenerate_reference", rows, {"name": args.name, "complete": complete, **result})
+    summary = {"name": args.name, "complete": complete, **result}
+    if gaps:
+        summary["largest_top2_gap_at_a_difference"] = max(g["top2_gap"] for g in gaps)
+    record("regenerate_reference", rows, {**summary, "differences": gaps})
 
 
 if __name__ == "__main__":
