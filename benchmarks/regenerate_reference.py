@@ -118,12 +118,73 @@ def logit_gaps(diffs: list[dict]) -> list[dict]:
     return rows
 
 
+def stored_answers(corpus: Path) -> dict[str, str]:
+    """prompt -> the response the shipped corpus stores for it (its committed parts, in order)."""
+    out: dict[str, str] = {}
+    for part in sorted(corpus.glob("part-*.jsonl.gz")):
+        with gzip.open(part, "rt", encoding="utf-8") as fh:
+            for line in fh:
+                rec = json.loads(line)
+                out.setdefault(rec["prompt"], rec["response"])
+    return out
+
+
+def against_corpus(records: dict[str, dict], stored: dict[str, str]) -> list[dict]:
+    """The records whose answer text differs from the shipped corpus's (written by transformers' batched
+    ``generate``; it kept text, not ids), each with the answer token where the text first parts (the
+    first token whose decoded prefix runs past the first differing character) and the prefix before it."""
+    from spec_drafters.target.loaders import EmbeddedSmolLM2
+
+    tok = EmbeddedSmolLM2().load().tokenizer
+    out = []
+    for key, rec in sorted(records.items()):
+        theirs = stored.get(rec["prompt"])
+        if theirs is None or theirs == rec["response"]:
+            continue
+        char = next((i for i, (a, b) in enumerate(zip(rec["response"], theirs, strict=False)) if a != b),
+                    min(len(rec["response"]), len(theirs)))  # fmt: skip
+        ids, prompt = rec["input_ids"], len(rec["loss_mask"]) - sum(rec["loss_mask"])
+        at = next(
+            (j for j in range(prompt, len(ids)) if len(tok.decode(ids[prompt : j + 1])) > char), len(ids)
+        )
+        out.append({"id": key, "answer_token": at - prompt, "prefix": ids[:at],
+                    "transformers": ids[at] if at < len(ids) else None, "openai": None})  # fmt: skip
+    return out
+
+
+def explain(local: dict, served: dict, stored: dict[str, str], gaps: bool) -> dict:
+    """Both runs against the shipped corpus (as text), and at every difference (between the engines,
+    and between the in-process run and the corpus) the target's logits: printed, and returned for the
+    results line."""
+    runs = {"transformers": local, "openai": served}
+    off_corpus = {engine: against_corpus(records, stored) for engine, records in runs.items()}
+    for engine, diffs in off_corpus.items():
+        print(f"{engine}: {len(diffs)} of {len(runs[engine])} answers differ in text from the shipped corpus")
+    out = {"text_differs_from_corpus": {e: [d["id"] for d in ds] for e, ds in off_corpus.items()}}
+    if not gaps:
+        return out
+    out["differences"] = logit_gaps(divergences(local, served))
+    out["corpus_differences"] = logit_gaps(off_corpus["transformers"])
+    for g in out["differences"]:
+        print(f"{g['id']} answer token {g['answer_token']}: transformers {g['tokens']['transformers']} "
+              f"({g['logits']['transformers']}), openai {g['tokens']['openai']} ({g['logits']['openai']}); "
+              f"top-2 gap {g['top2_gap']:.2e}")  # fmt: skip
+    for g in out["corpus_differences"]:
+        print(f"{g['id']} (in process vs the shipped corpus) answer token {g['answer_token']}: top-2 "
+              f"{g['top2']}, gap {g['top2_gap']:.2e}")  # fmt: skip
+    every = out["differences"] + out["corpus_differences"]
+    out["largest_top2_gap_at_a_difference"] = max((g["top2_gap"] for g in every), default=None)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--transformers", required=True, type=Path, help="the in-process run's --out folder")
     ap.add_argument("--openai", required=True, type=Path, help="the vLLM run's --out folder")
     ap.add_argument("--name", default="run", help="results/regenerate_reference/<name>/ keeps the manifests")
     ap.add_argument("--no_explain", action="store_true", help="skip the logit gaps at each first difference")
+    corpus = Path(__file__).resolve().parent.parent / "data/reference/answers"
+    ap.add_argument("--corpus", type=Path, default=corpus, help="the shipped corpus, compared as text")
     args = ap.parse_args()
     local, served = read_records(args.transformers), read_records(args.openai)
     manifests = {e: json.loads((d / "manifest.json").read_text()) for e, d in
@@ -145,16 +206,10 @@ def main() -> None:
     for engine, folder in (("transformers", args.transformers), ("openai", args.openai)):
         (keep / engine).mkdir(parents=True, exist_ok=True)
         shutil.copy(folder / "manifest.json", keep / engine / "manifest.json")
-    gaps = [] if args.no_explain else logit_gaps(divergences(local, served))
-    for g in gaps:
-        print(f"{g['id']} answer token {g['answer_token']}: transformers {g['tokens']['transformers']} "
-              f"({g['logits']['transformers']}), openai {g['tokens']['openai']} ({g['logits']['openai']}); "
-              f"top-2 gap {g['top2_gap']:.2e}")  # fmt: skip
     complete = all(s["status"] == "done" for s in speeds.values())
     summary = {"name": args.name, "complete": complete, **result}
-    if gaps:
-        summary["largest_top2_gap_at_a_difference"] = max(g["top2_gap"] for g in gaps)
-    record("regenerate_reference", rows, {**summary, "differences": gaps})
+    summary.update(explain(local, served, stored_answers(args.corpus), not args.no_explain))
+    record("regenerate_reference", rows, summary)
 
 
 if __name__ == "__main__":
