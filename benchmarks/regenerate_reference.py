@@ -19,28 +19,29 @@ results/regenerate_reference.jsonl are kept.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import shutil
 import statistics
 from pathlib import Path
 
 from common import RESULTS, record
+from spec_drafters.data.records import iter_jsonl
+
+
+def part_records(parts: list[Path]):
+    """Every record of these parts, in order."""
+    for part in parts:
+        yield from (rec for _, rec in iter_jsonl(part, flag="--transformers/--openai/--corpus"))
 
 
 def read_records(folder: Path) -> dict[str, dict]:
     """id -> record, from the folder's finished parts (the joined corpus may not exist yet)."""
-    out = {}
-    for part in sorted((folder / "parts").glob("part-*.jsonl.gz")):
-        with gzip.open(part, "rt", encoding="utf-8") as fh:
-            for line in fh:
-                rec = json.loads(line)
-                out[rec["id"]] = rec
-    return out
+    return {rec["id"]: rec for rec in part_records(sorted((folder / "parts").glob("part-*.jsonl.gz")))}
 
 
 def speed(manifest: dict) -> dict:
-    """Tokens/s over every call of a run (resumed runs have several), and the calls' git SHAs."""
+    """Tokens/s over the calls the run's manifest records (a call is recorded when it finishes: a killed
+    one is not, so a resumed run's figure is its finishing calls'), and their git SHAs."""
     calls = manifest.get("calls", [])
     tokens, seconds = sum(c["tokens"] for c in calls), sum(c["seconds"] for c in calls)
     return {
@@ -56,27 +57,18 @@ def speed(manifest: dict) -> dict:
 def compare(a: dict[str, dict], b: dict[str, dict]) -> dict:
     """Answers of the ids both have: identical token ids, or where they first differ."""
     both = sorted(set(a) & set(b))
-    firsts, reasons_differ = [], 0
     for key in both:
-        x, y = a[key], b[key]
-        prompt = len(x["loss_mask"]) - sum(x["loss_mask"])  # the prompt's tokens come first
-        if x["input_ids"][:prompt] != y["input_ids"][:prompt]:
+        prompt = len(a[key]["loss_mask"]) - sum(a[key]["loss_mask"])  # the prompt's tokens come first
+        if a[key]["input_ids"][:prompt] != b[key]["input_ids"][:prompt]:
             raise ValueError(f"{key}: the two runs encoded the prompt differently")
-        if x["input_ids"] != y["input_ids"]:
-            ax, ay = x["input_ids"][prompt:], y["input_ids"][prompt:]
-            firsts.append(
-                next(
-                    (i for i, (s, t) in enumerate(zip(ax, ay, strict=False)) if s != t), min(len(ax), len(ay))
-                )
-            )
-        reasons_differ += x.get("finish_reason") != y.get("finish_reason")
+    firsts = [d["answer_token"] for d in divergences(a, b)]
     return {
         "compared": len(both),
         "identical": len(both) - len(firsts),
         "differing": len(firsts),
         "first_difference_median": statistics.median(firsts) if firsts else None,
         "first_difference_within_8": sum(f < 8 for f in firsts),
-        "finish_reason_differs": reasons_differ,
+        "finish_reason_differs": sum(a[k].get("finish_reason") != b[k].get("finish_reason") for k in both),
     }
 
 
@@ -96,15 +88,12 @@ def divergences(a: dict[str, dict], b: dict[str, dict]) -> list[dict]:
     return out
 
 
-def logit_gaps(diffs: list[dict]) -> list[dict]:
+def logit_gaps(diffs: list[dict], model) -> list[dict]:
     """Why two greedy runs parted: the embedded target's fp32 logits after the shared prefix (one
     forward over it, no cache), for the two tokens the runs chose and the best one; a gap of a few
     1e-5 is a tie that the engines' kernels (summation order, batching) broke differently."""
     import torch
 
-    from spec_drafters.target.loaders import EmbeddedSmolLM2
-
-    model = EmbeddedSmolLM2().load().model.float().eval()
     rows = []
     with torch.no_grad():
         for d in diffs:
@@ -121,21 +110,15 @@ def logit_gaps(diffs: list[dict]) -> list[dict]:
 def stored_answers(corpus: Path) -> dict[str, str]:
     """prompt -> the response the shipped corpus stores for it (its committed parts, in order)."""
     out: dict[str, str] = {}
-    for part in sorted(corpus.glob("part-*.jsonl.gz")):
-        with gzip.open(part, "rt", encoding="utf-8") as fh:
-            for line in fh:
-                rec = json.loads(line)
-                out.setdefault(rec["prompt"], rec["response"])
+    for rec in part_records(sorted(corpus.glob("part-*.jsonl.gz"))):
+        out.setdefault(rec["prompt"], rec["response"])
     return out
 
 
-def against_corpus(records: dict[str, dict], stored: dict[str, str]) -> list[dict]:
+def against_corpus(records: dict[str, dict], stored: dict[str, str], tok) -> list[dict]:
     """The records whose answer text differs from the shipped corpus's (written by transformers' batched
     ``generate``; it kept text, not ids), each with the answer token where the text first parts (the
     first token whose decoded prefix runs past the first differing character) and the prefix before it."""
-    from spec_drafters.target.loaders import EmbeddedSmolLM2
-
-    tok = EmbeddedSmolLM2().load().tokenizer
     out = []
     for key, rec in sorted(records.items()):
         theirs = stored.get(rec["prompt"])
@@ -156,15 +139,21 @@ def explain(local: dict, served: dict, stored: dict[str, str], gaps: bool) -> di
     """Both runs against the shipped corpus (as text), and at every difference (between the engines,
     and between the in-process run and the corpus) the target's logits: printed, and returned for the
     results line."""
+    from spec_drafters.target.loaders import EmbeddedSmolLM2
+
+    target = EmbeddedSmolLM2().load()  # once: its tokenizer places the corpus differences, its model explains
     runs = {"transformers": local, "openai": served}
-    off_corpus = {engine: against_corpus(records, stored) for engine, records in runs.items()}
+    off_corpus = {
+        engine: against_corpus(records, stored, target.tokenizer) for engine, records in runs.items()
+    }
     for engine, diffs in off_corpus.items():
         print(f"{engine}: {len(diffs)} of {len(runs[engine])} answers differ in text from the shipped corpus")
     out = {"text_differs_from_corpus": {e: [d["id"] for d in ds] for e, ds in off_corpus.items()}}
     if not gaps:
         return out
-    out["differences"] = logit_gaps(divergences(local, served))
-    out["corpus_differences"] = logit_gaps(off_corpus["transformers"])
+    model = target.model.float().eval()
+    out["differences"] = logit_gaps(divergences(local, served), model)
+    out["corpus_differences"] = logit_gaps(off_corpus["transformers"], model)
     for g in out["differences"]:
         print(f"{g['id']} answer token {g['answer_token']}: transformers {g['tokens']['transformers']} "
               f"({g['logits']['transformers']}), openai {g['tokens']['openai']} ({g['logits']['openai']}); "

@@ -21,15 +21,16 @@ lost ``--out`` keeps what was measured and rebuilds only what a stage still to r
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from spec_drafters.data.parts import write_part
+from spec_drafters.data.records import iter_jsonl
 from spec_drafters.studies.results import recorder
-from spec_drafters.studies.runner import run_cli
+from spec_drafters.studies.runner import fit_flags, run_cli
 from spec_drafters.studies.stages import Stages
 
 RESULTS = Path(__file__).parent / "results"
@@ -41,14 +42,11 @@ ANSWERS = ROOT / "data" / "stdlib_smollm2.jsonl.gz"
 
 
 def read(path: Path) -> list[dict]:
-    with gzip.open(path, "rt") if path.suffix == ".gz" else open(path) as fh:
-        return [json.loads(line) for line in fh if line.strip()]
+    return [rec for _, rec in iter_jsonl(path, flag="--answers/--source")]
 
 
-def write(path: Path, records: list[dict]) -> None:
-    """Deterministic bytes (no time stamp in the gzip header): the cache checks the file's sha256."""
-    with open(path, "wb") as raw, gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) as fh:
-        fh.write("".join(json.dumps(r) + "\n" for r in records).encode())
+# Deterministic bytes (no time stamp in the gzip header; the cache checks the file's sha256), atomically.
+write = write_part
 
 
 def stage(keep: Path, name: str, fn) -> dict:
@@ -81,23 +79,6 @@ def generation_speed(records: list[dict], n: int) -> dict:
 
 def count_tokens(records: list[dict], tok) -> int:
     return sum(len(tok.encode(r.get("text") or r["prompt"] + r["response"])) for r in records)
-
-
-def trainer_config(root: Path, steps: int) -> dict:
-    """This arm's own folders and budget over the reference config's trainer."""
-    checkpoints = {"dirpath": str(root / "checkpoints"), "save_last": True, "save_top_k": 0}
-    return {
-        "trainer": {
-            "max_steps": steps,
-            "val_check_interval": steps,
-            "default_root_dir": str(root),
-            "logger": False,
-            "callbacks": [
-                {"class_path": "ModelCheckpoint", "init_args": {**checkpoints, "every_n_train_steps": 50}},
-                {"class_path": "TrainingThroughput"},  # train/tokens_per_s in fit.json
-            ],
-        }
-    }
 
 
 METRICS = ("val/tau", "val/tau_pooled", "val/acc_slot1", "val/acc", "val/loss", "train/tokens_per_s")
@@ -137,11 +118,13 @@ class Arm:
 
     def fit(self, threads: int | None) -> dict:
         def run() -> dict:
-            last = self.root / "checkpoints" / "last.ckpt"
-            (self.root / "trainer.yaml").write_text(json.dumps(trainer_config(self.root, self.steps)))
-            args = [*self.data, "--config", str(self.root / "trainer.yaml"), "--data.cache", str(self.cache)]
+            args = [
+                *self.data,
+                *fit_flags(self.root, self.steps, csv_logs=False),
+                "--data.cache",
+                str(self.cache),
+            ]
             args += ["--model.draft_vocab.counts", str(self.counts), "--results", str(self.root / "fit.json")]
-            args += ["--ckpt_path", str(last)] if last.is_file() else []
             run_cli("fit", *args, threads=threads)
             metrics = json.loads((self.root / "fit.json").read_text())["metrics"]
             return {"threads": threads, "metrics": {k: metrics.get(k) for k in METRICS}}

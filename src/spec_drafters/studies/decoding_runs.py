@@ -26,7 +26,7 @@ from spec_drafters.decode.summary import summarize
 from spec_drafters.files import sha256_file, write_json
 from spec_drafters.lightning.callbacks import PROMPT_LOOKUP_IMPL
 from spec_drafters.studies.results import CHECKOUT
-from spec_drafters.studies.stages import IDENTITY, Stages
+from spec_drafters.studies.stages import IDENTITY, Stages, stage_record
 
 # keys of an identity that older folders did not record: their absence is not a difference
 OPTIONAL_IDENTITY = frozenset({"config_content"})
@@ -132,9 +132,9 @@ def run_pieces(args, folder: Path, stages: Stages, config: Path) -> None:
         results.unlink()  # kept in the stage's file
         return result
 
-    todo = [p for p in range(args.parts) if stages.kept(piece_name(p, args.parts)) is None]
+    parts = {piece_name(p, args.parts): p for p in range(args.parts)}
     with ThreadPoolExecutor(args.workers) as pool:
-        list(pool.map(lambda p: stages.run(piece_name(p, args.parts), lambda: piece(p)), todo))
+        list(pool.map(lambda name: stages.run(name, lambda: piece(parts[name])), stages.missing(list(parts))))
 
 
 def _config_init_from(configs: list[str]) -> str | None:
@@ -206,8 +206,7 @@ def upgrade_legacy_folder(folder: Path) -> bool:
     for part in sorted(folder.glob("part-*-of-*.json")):
         old = json.loads(part.read_text())
         if "result" not in old:
-            write_json(part, {"result": old, "identity": None, "seconds": None, "git_sha": None,
-                              "command": None, "finished": None})  # fmt: skip
+            write_json(part, stage_record(old))
     os.replace(legacy, folder / IDENTITY)
     return True
 

@@ -97,32 +97,13 @@ def fit_run(
     run = out / f"{name or recipe}-s{seed}"
     result = run / "fit.json"
     if not result.is_file():
-        last = run / "checkpoints" / "last.ckpt"
-        resumed = last.is_file()
         t0 = time.perf_counter()
-        trainer = {  # this run's own folders (JSON is YAML)
-            "trainer": {
-                "default_root_dir": str(run),
-                "max_steps": steps,
-                "val_check_interval": steps,
-                "logger": [{"class_path": "CSVLogger", "init_args": {"save_dir": str(run), "name": "logs"}}],
-                "callbacks": [
-                    {
-                        "class_path": "ModelCheckpoint",
-                        "init_args": {"dirpath": str(run / "checkpoints"), "save_last": True, "save_top_k": 0,
-                                      "every_n_train_steps": 50},
-                    },
-                    {"class_path": "TrainingThroughput"},
-                ],
-            }
-        }  # fmt: skip
-        run.mkdir(parents=True, exist_ok=True)
-        (run / "trainer.yaml").write_text(json.dumps(trainer))
+        flags = runner.fit_flags(run, steps, csv_logs=True)
+        resumed = "--ckpt_path" in flags
         runner.run_cli(
-            "fit", *configs(recipe, base), "--config", str(run / "trainer.yaml"), *extra,
+            "fit", *configs(recipe, base), *flags, *extra,
             "--seed_everything", str(seed), "--model.seed", str(seed), "--data.cache", str(cache),
-            "--results", str(result), *(["--ckpt_path", str(last)] if resumed else []),
-            threads=threads,
+            "--results", str(result), threads=threads,
         )  # fmt: skip
         # the last process's wall time: a resumed fit's earlier processes are not in it
         (run / "seconds").write_text(f"{time.perf_counter() - t0:.1f} {'resumed' if resumed else ''}\n")

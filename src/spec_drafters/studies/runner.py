@@ -34,6 +34,29 @@ def run_cli(*args: str, threads: int | None = None, cwd: Path = CHECKOUT) -> Non
     subprocess.run([sys.executable, "-m", "spec_drafters.cli.main", *args], check=True, cwd=cwd, env=env)
 
 
+def fit_flags(run: Path, steps: int, csv_logs: bool) -> list[str]:
+    """The flags of a study's resumable fit in its own folder ``run``: a trainer overlay (``steps`` steps,
+    validated once at the end, a checkpoint every 50 steps and the last one kept, the throughput in its
+    results; a CSV log under ``run/logs`` when ``csv_logs``), and ``--ckpt_path`` of the last checkpoint
+    when a killed fit left one."""
+    checkpoints = {"dirpath": str(run / "checkpoints"), "save_last": True, "save_top_k": 0}
+    logger = [{"class_path": "CSVLogger", "init_args": {"save_dir": str(run), "name": "logs"}}]
+    trainer = {
+        "default_root_dir": str(run),
+        "max_steps": steps,
+        "val_check_interval": steps,
+        "logger": logger if csv_logs else False,
+        "callbacks": [
+            {"class_path": "ModelCheckpoint", "init_args": {**checkpoints, "every_n_train_steps": 50}},
+            {"class_path": "TrainingThroughput"},  # train/tokens_per_s in the results
+        ],
+    }
+    run.mkdir(parents=True, exist_ok=True)
+    (run / "trainer.yaml").write_text(json.dumps({"trainer": trainer}))  # JSON is YAML
+    last = run / "checkpoints" / "last.ckpt"
+    return ["--config", str(run / "trainer.yaml"), *(["--ckpt_path", str(last)] if last.is_file() else [])]
+
+
 def studies(folder: Path | None = None) -> dict[str, str]:
     """Every study script in ``folder`` and the first line of its docstring."""
     out = {}

@@ -26,6 +26,19 @@ from spec_drafters.studies.results import command_line, git_sha
 IDENTITY = "identity.json"  # the folder-wide identity, when a study has one
 
 
+def stage_record(
+    result: dict,
+    identity: dict | None = None,
+    seconds: float | None = None,
+    git_sha: str | None = None,
+    command: str | None = None,
+    finished: str | None = None,
+) -> dict:
+    """A kept stage's file: its result and what it was measured with (None: not recorded)."""
+    return {"result": result, "identity": identity, "seconds": seconds, "git_sha": git_sha,
+            "command": command, "finished": finished}  # fmt: skip
+
+
 class IdentityMismatch(SystemExit):
     """A kept stage (or folder) was measured with other settings than asked for now."""
 
@@ -84,14 +97,8 @@ class Stages:
         if entry is None:
             t0 = time.perf_counter()
             result = fn() or {}
-            entry = {
-                "result": result,
-                "identity": identity,
-                "seconds": time.perf_counter() - t0,
-                "git_sha": git_sha(),
-                "command": command_line(),
-                "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
-            }
+            seconds, finished = time.perf_counter() - t0, time.strftime("%Y-%m-%dT%H:%M:%S")
+            entry = stage_record(result, identity, seconds, git_sha(), command_line(), finished)
             write_json(self.path(name), entry)
         return entry
 
@@ -107,8 +114,7 @@ class Stages:
             meta = {"git_sha", "seconds", *identity_keys}
             identity = {k: row[k] for k in identity_keys if k in row} or None
             result = {k: v for k, v in row.items() if k not in meta}
-            write_json(file, {"result": result, "identity": identity, "seconds": row.get("seconds"),
-                              "git_sha": row.get("git_sha"), "command": None, "finished": None})  # fmt: skip
+            write_json(file, stage_record(result, identity, row.get("seconds"), row.get("git_sha")))
             n += 1
         return n
 
